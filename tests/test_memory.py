@@ -1,0 +1,342 @@
+"""The memory plan: ZeRO headline figures, counts checked against real models, auto backend choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from align.architectures import PRESETS, architecture_for, architecture_from_config
+from align.memory import (
+    NF4_BYTES_PER_WEIGHT,
+    FrozenModel,
+    StateBytes,
+    Workload,
+    choose_backend,
+    dpo_reference,
+    estimate,
+    format_bytes,
+    measured_model_state_bytes,
+    parse_memory,
+)
+
+PSI = 13_000_000_000  # the ZeRO paper's 13B example
+GB = 10**9
+MIXED = Workload(dtype="bf16")
+
+
+def tiny_config(**overrides) -> LlamaConfig:
+    """GQA (4 query heads, 2 kv heads) so k/v shapes differ from q."""
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+    )
+    return LlamaConfig(**{**shape, **overrides})
+
+
+def test_13b_ddp_holds_16_bytes_per_param() -> None:
+    plan = estimate(PSI, MIXED, backend="ddp", world_size=8)
+
+    assert plan.device == StateBytes(params=26 * GB, grads=26 * GB, optimizer=104 * GB, master=52 * GB)
+    assert plan.total == 208 * GB
+    assert plan.host.total == 0
+
+
+def test_13b_zero2_shards_all_but_the_16bit_params() -> None:
+    plan = estimate(PSI, MIXED, backend="zero2", world_size=8)
+
+    assert plan.device.params == 2 * PSI
+    assert plan.total == 2 * PSI + 14 * PSI // 8 == 48_750_000_000
+
+
+def test_13b_fsdp_shards_everything() -> None:
+    plan = estimate(PSI, MIXED, backend="fsdp", world_size=8)
+
+    assert plan.total == 16 * PSI // 8 == 26 * GB
+
+
+def test_zero2_offload_keeps_only_16bit_params_on_device() -> None:
+    plan = estimate(PSI, MIXED, backend="zero2", world_size=8, offload_optimizer=True)
+
+    assert plan.device == StateBytes(params=2 * PSI)
+    assert plan.host == StateBytes(grads=4 * PSI // 8, optimizer=8 * PSI // 8, master=4 * PSI // 8)
+
+
+def test_fsdp_offload() -> None:
+    params_offloaded = estimate(PSI, MIXED, backend="fsdp", world_size=8, offload_params=True)
+    optimizer_offloaded = estimate(PSI, MIXED, backend="fsdp", world_size=8, offload_optimizer=True)
+
+    assert params_offloaded.total == 0
+    assert params_offloaded.host.total == 16 * PSI // 8
+    assert optimizer_offloaded.device == StateBytes(params=2 * PSI // 8, grads=2 * PSI // 8)
+    assert optimizer_offloaded.host == StateBytes(optimizer=8 * PSI // 8, master=4 * PSI // 8)
+
+
+def test_fp32_has_no_master_copy() -> None:
+    plan = estimate(PSI, Workload(dtype="fp32"), backend="ddp", world_size=1)
+
+    assert plan.device == StateBytes(params=4 * PSI, grads=4 * PSI, optimizer=8 * PSI)
+
+
+@pytest.mark.parametrize(
+    ("backend", "offload", "message"),
+    [
+        ("ddp", {"offload_optimizer": True}, "ddp keeps every state"),
+        ("zero2", {"offload_params": True}, "ZeRO-2 cannot offload parameters"),
+        ("zero3", {}, "backend 'zero3'"),
+    ],
+)
+def test_impossible_backend_settings_are_refused(backend: str, offload: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        estimate(PSI, MIXED, backend=backend, world_size=2, **offload)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"tie_word_embeddings": True}, {"attention_bias": True, "mlp_bias": True}, {"head_dim": 32}],
+    ids=["untied", "tied", "biases", "wide-heads"],
+)
+def test_param_count_equals_a_real_llama(overrides: dict) -> None:
+    config = tiny_config(**overrides)
+    model = LlamaForCausalLM(config)
+
+    assert architecture_from_config(config.to_dict()).param_count() == sum(
+        p.numel() for p in model.parameters()
+    )
+
+
+@pytest.mark.parametrize(
+    "targets", ["all-linear", ("q_proj", "v_proj"), ("k_proj", "o_proj", "down_proj")], ids=str
+)
+def test_lora_count_equals_peft(targets: str | tuple[str, ...]) -> None:
+    config = tiny_config()
+    peft_targets = targets if isinstance(targets, str) else list(targets)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=8, target_modules=peft_targets))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    assert architecture_from_config(config.to_dict()).lora_param_count(8, targets) == trainable
+
+
+def test_lora_targets_outside_the_decoder_linears_are_refused() -> None:
+    with pytest.raises(ValueError, match="lm_head"):
+        PRESETS["llama3-8b"].lora_param_count(8, ("q_proj", "lm_head"))
+
+
+def test_presets_have_the_published_sizes() -> None:
+    assert PRESETS["llama3-8b"].param_count() == 8_030_261_248
+    assert PRESETS["llama3-70b"].param_count() == 70_553_706_496
+    assert PRESETS["llama2-13b"].param_count() == 13_015_864_320
+    assert PRESETS["llama3-8b"].lora_param_count(16) == 41_943_040
+
+
+def test_architecture_for_hub_ids_local_dirs_and_unknowns(tmp_path) -> None:
+    tiny_config().to_json_file(tmp_path / "config.json")
+
+    assert architecture_for("meta-llama/Meta-Llama-3-8B") is PRESETS["llama3-8b"]
+    assert architecture_for("Meta-Llama/Llama-3.3-70B-Instruct") is PRESETS["llama3-70b"]
+    assert architecture_for(str(tmp_path)).hidden_size == 64
+    assert architecture_for("someone/unknown-model") is None
+
+
+def test_config_without_llama_keys_names_what_is_missing() -> None:
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        architecture_from_config(
+            {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 9}
+        )
+
+
+def test_qlora_packs_decoder_linears_to_nf4() -> None:
+    arch = PRESETS["llama3-8b"]
+    plan = estimate(arch, Workload(lora_rank=16, quantize_4bit=True), backend="ddp", world_size=1)
+
+    # 6.98B linear weights at 9/16 byte, embeddings + lm_head + norms at 2 bytes, adapters at 2 bytes.
+    assert arch.linear_weight_count() == 6_979_321_856
+    assert plan.device.params == 3_925_868_544 + 2_101_878_784 + 83_886_080
+    assert plan.trainable_params == 41_943_040
+
+
+def test_nf4_bytes_per_weight_match_bitsandbytes() -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    weight = bnb.nn.Params4bit(
+        torch.randn(176, 64), requires_grad=False, quant_type="nf4", compress_statistics=False
+    ).to("cpu")
+    absmax = weight.quant_state.absmax
+    packed = weight.numel() * weight.element_size() + absmax.numel() * absmax.element_size()
+
+    assert packed == 176 * 64 * NF4_BYTES_PER_WEIGHT
+
+
+def test_dpo_reference_costs_nothing_under_lora_and_follows_the_policy_otherwise() -> None:
+    lora = Workload(lora_rank=8, frozen_models=dpo_reference(PSI, lora_rank=8, dtype="bf16"))
+    full = Workload(frozen_models=dpo_reference(PSI, lora_rank=None, dtype="bf16"))
+    on_cpu = Workload(frozen_models=(FrozenModel("reward", PSI, placement="cpu"),))
+
+    assert lora.frozen_models == ()
+    assert estimate(PSI, full, backend="zero2", world_size=8).device.frozen == 2 * PSI
+    assert estimate(PSI, full, backend="fsdp", world_size=8).device.frozen == 2 * PSI // 8
+    cpu_plan = estimate(PSI, on_cpu, backend="fsdp", world_size=8)
+    assert (cpu_plan.device.frozen, cpu_plan.host.frozen) == (0, 2 * PSI)
+
+
+def test_activations_follow_the_documented_formula() -> None:
+    arch = architecture_from_config(tiny_config().to_dict())
+    s, b, h, layers, vocab = 16, 2, 64, 2, 300
+    logits = s * b * vocab * (2 + 4 + 4)
+    stored = Workload(micro_batch_size=b, seq_len=s)
+    checkpointed = Workload(micro_batch_size=b, seq_len=s, gradient_checkpointing=True)
+
+    stored_bytes = estimate(arch, stored, backend="ddp", world_size=1).device.activations
+    checkpointed_bytes = estimate(arch, checkpointed, backend="ddp", world_size=1).device.activations
+
+    assert stored_bytes == layers * 34 * s * b * h + logits == 235_264
+    assert checkpointed_bytes == layers * 2 * s * b * h + 34 * s * b * h + logits == 173_824
+
+
+def test_auto_picks_zero2_for_8b_qlora() -> None:
+    workload = Workload(lora_rank=16, quantize_4bit=True, seq_len=2048, gradient_checkpointing=True)
+
+    backend, reason = choose_backend(
+        PRESETS["llama3-8b"], workload, world_size=1, device_memory=parse_memory("24GB")
+    )
+
+    assert backend == "zero2"
+    assert reason == (
+        "QLoRA r=16 (41.9M trainable) on 8.03B: ZeRO-2 with CPU optimizer offload needs "
+        "9.56 GB/rank <= 21.6 GB usable (90% of 24.0 GB)"
+    )
+
+
+def test_auto_picks_fsdp_for_70b_full_on_8x80gb_and_says_it_does_not_fit() -> None:
+    backend, reason = choose_backend(
+        PRESETS["llama3-70b"], Workload(), world_size=8, device_memory=parse_memory("80GB")
+    )
+
+    assert backend == "fsdp"
+    assert reason.startswith("full-parameter 70.6B does not fit: ZeRO-2 needs 265 GB/rank; ")
+    assert "FSDP needs 141 GB/rank, 69.1 GB over 72.0 GB usable" in reason
+
+
+@pytest.mark.parametrize(
+    ("model", "world_size", "expected", "needs"),
+    [
+        ("llama3-70b", 64, "fsdp", "FSDP needs 17.6 GB/rank"),
+        ("llama2-13b", 8, "fsdp", "ZeRO-2 fits (48.8 GB/rank) but copies all 26.0 GB of weights"),
+        ("llama3-8b", 8, "zero2", "ZeRO-2 needs 30.1 GB/rank"),
+    ],
+)
+def test_auto_full_parameter(model: str, world_size: int, expected: str, needs: str) -> None:
+    backend, reason = choose_backend(
+        PRESETS[model], Workload(), world_size=world_size, device_memory=parse_memory("80GB")
+    )
+
+    assert (backend, needs in reason) == (expected, True), reason
+
+
+def test_auto_uses_ddp_on_one_rank_when_it_fits() -> None:
+    assert choose_backend(100_000_000, Workload(), world_size=1, device_memory=parse_memory("80GB")) == (
+        "ddp",
+        "full-parameter 100M on 1 rank: DDP needs 1.60 GB <= 72.0 GB usable (90% of 80.0 GB)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("80GB", 80 * GB), ("80 GiB", 80 * 2**30), ("512MiB", 512 * 2**20), ("1.5gb", 1_500_000_000)],
+)
+def test_parse_memory(text: str, expected: int) -> None:
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["80", "80 gigs", "0GB", "-1GB", ""])
+def test_parse_memory_names_the_value_and_the_accepted_forms(text: str) -> None:
+    with pytest.raises(ValueError, match=rf"device memory {text!r} not understood.*'80GB', '80GiB'"):
+        parse_memory(text)
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(208 * GB) == "208 GB"
+    assert format_bytes(208 * GB, binary=True) == "194 GiB"
+    assert format_bytes(48_750_000_000) == "48.8 GB"
+    assert format_bytes(512) == "512 B"
+
+
+def test_workload_refuses_4bit_without_lora() -> None:
+    with pytest.raises(ValueError, match="set a LoRA rank"):
+        Workload(quantize_4bit=True)
+
+
+def test_measured_fp32_adamw_step_equals_the_ddp_estimate() -> None:
+    torch.manual_seed(0)
+    config = tiny_config()
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    input_ids = torch.randint(0, config.vocab_size, (2, 8))
+    model(input_ids=input_ids, labels=input_ids).loss.backward()
+    optimizer.step()
+
+    plan = estimate(
+        architecture_from_config(config.to_dict()), Workload(dtype="fp32"), backend="ddp", world_size=1
+    )
+    psi = plan.trainable_params
+
+    assert measured_model_state_bytes(model, optimizer) == {
+        "params": 4 * psi,
+        "grads": 4 * psi,
+        "optimizer": 8 * psi,
+        "master": 0,
+        "total": 16 * psi,
+    }
+    assert plan.device == StateBytes(params=4 * psi, grads=4 * psi, optimizer=8 * psi)
+
+
+def _fsdp2_worker(rank: int, world_size: int, port: int, results: dict) -> None:
+    """One rank of raw FSDP2 on gloo: shard each decoder layer and the root, take one AdamW step."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        mesh = init_device_mesh("cpu", (world_size,))
+        model = LlamaForCausalLM(tiny_config())
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        input_ids = torch.randint(0, 300, (2, 8))
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+        optimizer.step()
+        results[rank] = measured_model_state_bytes(model, optimizer)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_measured_fsdp2_local_shards_equal_the_fsdp_estimate() -> None:
+    """DTensor parameters count their local shard: each of 2 ranks holds 16Ψ/2 in fp32."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_fsdp2_worker, args=(2, port, results), nprocs=2)
+        measured = dict(results)
+    plan = estimate(
+        architecture_from_config(tiny_config().to_dict()),
+        Workload(dtype="fp32"),
+        backend="fsdp",
+        world_size=2,
+    )
+
+    assert [measured[rank]["total"] for rank in (0, 1)] == [plan.total, plan.total]
+    assert measured[0]["params"] == plan.trainable_params * 4 // 2
