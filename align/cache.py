@@ -1,0 +1,41 @@
+"""Where builtin models and data are cached, and how a cache entry is built exactly once.
+
+Kept free of torch so that `align validate` stays quick.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """`$ALIGN_CACHE` if set, else `~/.cache/align`: builtin models and data live here."""
+    return Path(os.environ.get("ALIGN_CACHE") or Path.home() / ".cache" / "align")
+
+
+def build_once(target: Path, builder: Callable[[Path], None]) -> Path:
+    """Build `target` with `builder` unless it exists; safe when several ranks ask at the same time.
+
+    The builder writes into a temporary sibling that is renamed into place, so `target` either
+    does not exist or is complete. A file lock makes the other callers wait instead of building too.
+    """
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_dir():  # whoever held the lock before us may have built it
+            scratch = target.parent / f".{target.name}.building"
+            shutil.rmtree(scratch, ignore_errors=True)  # left by a build that was killed
+            scratch.mkdir()
+            try:
+                builder(scratch)
+                os.rename(scratch, target)
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+    return target

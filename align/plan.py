@@ -1,0 +1,163 @@
+"""Pipeline -> Plan: per stage, the backend (auto resolved), world size, placement and memory per rank.
+
+The plan is plain data: `align plan` prints it, the controller ships each StagePlan to its workers,
+and nothing downstream re-reads the YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from align.architectures import Architecture, architecture_for
+from align.cache import cache_root
+from align.graph import order, reference_target, references
+from align.memory import MemoryEstimate, Workload, choose_backend, estimate, parse_memory
+from align.placement import Placement, frozen_models, plan_placement
+from align.spec import Pipeline, Stage, TrainingStage
+
+DEFAULT_DEVICE_MEMORY = "80GB"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the stages will run on: accelerator or not, and memory per device."""
+
+    accelerator: bool
+    device_memory: int
+    bf16: bool = False
+
+    @classmethod
+    def detect(cls, device_memory: str | None = None) -> Hardware:
+        """The local machine, with `--device-memory` overriding what is detected."""
+        import torch
+
+        cuda = torch.cuda.is_available()
+        detected = torch.cuda.get_device_properties(0).total_memory if cuda else parse_memory(DEFAULT_DEVICE_MEMORY)
+        memory = parse_memory(device_memory) if device_memory else detected
+        return cls(accelerator=cuda, device_memory=memory, bf16=cuda and torch.cuda.is_bf16_supported())
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Everything a worker needs to run one stage, as decided before anything loads."""
+
+    name: str
+    kind: str
+    stage: Stage
+    model_source: str
+    upstream: tuple[str, ...]
+    backend: str
+    backend_reason: str
+    workers: int
+    precision: str
+    seed: int
+    placement: Placement
+    memory: MemoryEstimate | None = None
+    memory_by_backend: dict[str, MemoryEstimate] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    pipeline: Pipeline
+    order: tuple[str, ...]
+    edges: dict[str, list[str]]
+    stages: dict[str, StagePlan]
+    hardware: Hardware
+
+
+def root_model(pipeline: Pipeline, name: str) -> str:
+    """The base model at the root of a chain of stage references (its architecture is the stage's)."""
+    value = pipeline.stage_model(name)
+    target = reference_target(value)
+    return root_model(pipeline, target) if target else value
+
+
+def stage_architecture(pipeline: Pipeline, name: str) -> Architecture | None:
+    """The architecture of a stage's model from its config or a preset; a builtin once it is cached."""
+    source = root_model(pipeline, name)
+    cached = cache_root() / "models" / source
+    return architecture_for(str(cached) if cached.is_dir() else source)
+
+
+def resolve_precision(requested: str, hardware: Hardware) -> str:
+    """`auto` is bf16 where the accelerator has it, else fp32 (CPUs train in fp32 here)."""
+    if requested != "auto":
+        return requested
+    return "bf16" if hardware.bf16 else "fp32"
+
+
+def workload(stage: Stage, precision: str, placement: Placement, arch: Architecture) -> Workload:
+    """What the memory plan counts for a stage."""
+    lora = stage.lora if isinstance(stage, TrainingStage) else None
+    trl = stage.trl if isinstance(stage, TrainingStage) else {}
+    pair = 2 if stage.kind == "dpo" else 1
+    return Workload(
+        dtype="bf16" if precision == "fp32" and lora and lora.load_in_4bit else precision,
+        lora_rank=lora.r if lora else None,
+        lora_targets=tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else "all-linear",
+        quantize_4bit=bool(lora and lora.load_in_4bit),
+        frozen_models=frozen_models(placement, arch.param_count(), precision),
+        micro_batch_size=int(trl.get("per_device_train_batch_size", 8)) * pair,
+        seq_len=int(trl.get("max_length", 1024) or 1024),
+        gradient_checkpointing=bool(trl.get("gradient_checkpointing", False)),
+    )
+
+
+def choose(stage: Stage, requested: str, workers: int, arch: Architecture | None, hardware: Hardware,
+           work: Workload | None) -> tuple[str, str]:
+    """The backend for a stage and why, in one line."""
+    if requested != "auto":
+        return requested, "named in the pipeline file"
+    if stage.kind == "merge":
+        return "ddp", "a merge runs in one process"
+    if workers == 1 and not hardware.accelerator:
+        return "ddp", "one CPU rank: there is nothing to shard, and offloading to the host it already uses gains nothing"
+    if arch is None or work is None:
+        lora = isinstance(stage, TrainingStage) and stage.lora is not None
+        return ("zero2", "LoRA: ZeRO-2 (architecture unknown, no memory plan)") if lora else (
+            "fsdp", "full parameters: FSDP (architecture unknown, no memory plan)")
+    return choose_backend(arch, work, world_size=workers, device_memory=hardware.device_memory)
+
+
+def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Hardware) -> StagePlan:
+    stage = pipeline.stages[name]
+    workers = 1 if stage.kind == "merge" else pipeline.stage_setting(name, "workers")
+    # a merge is checked and saved in fp32, where an exact merge is measurable
+    precision = "fp32" if stage.kind == "merge" else resolve_precision(pipeline.stage_setting(name, "precision"), hardware)
+    lora = stage.lora if isinstance(stage, TrainingStage) else None
+    arch = stage_architecture(pipeline, name)
+    trains = isinstance(stage, TrainingStage)
+    draft = plan_placement(stage.kind, "ddp", bool(lora), bool(lora and lora.load_in_4bit))
+    work = workload(stage, precision, draft, arch) if arch and trains else None
+    backend, reason = choose(stage, pipeline.stage_setting(name, "backend"), workers, arch, hardware, work)
+    placement = plan_placement(stage.kind, backend, bool(lora), bool(lora and lora.load_in_4bit))
+    by_backend: dict[str, MemoryEstimate] = {}
+    if arch and trains:
+        work = workload(stage, precision, placement, arch)
+        for option, offload in (("ddp", False), ("zero2", False), ("zero2+offload", True), ("fsdp", False)):
+            by_backend[option] = estimate(arch, work, backend=option.split("+")[0], world_size=workers,
+                                          offload_optimizer=offload)
+    chosen = "zero2+offload" if backend == "zero2" and offloads_optimizer(stage, backend) else backend
+    return StagePlan(
+        name=name, kind=stage.kind, stage=stage, model_source=pipeline.stage_model(name),
+        upstream=tuple(upstream), backend=backend, backend_reason=reason, workers=workers,
+        precision=precision, seed=pipeline.defaults.seed, placement=placement,
+        memory=by_backend.get(chosen), memory_by_backend=by_backend,
+    )
+
+
+def offloads_optimizer(stage: Stage, backend: str) -> bool:
+    """ZeRO-2 offloads the optimizer to CPU when asked, and by default for LoRA/QLoRA."""
+    if backend != "zero2":
+        return False
+    setting = stage.zero2.offload_optimizer
+    return setting == "cpu" or (setting == "auto" and isinstance(stage, TrainingStage) and stage.lora is not None)
+
+
+def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
+    """The plan for every stage, in dependency order."""
+    hardware = hardware or Hardware.detect(pipeline.defaults.device_memory)
+    edges, _ = references(pipeline.stages)
+    names, _ = order(edges)
+    stages = {name: plan_stage(pipeline, name, edges[name], hardware) for name in names}
+    return Plan(pipeline=pipeline, order=tuple(names), edges=edges, stages=stages, hardware=hardware)

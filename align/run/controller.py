@@ -1,0 +1,181 @@
+"""The Ray driver: a thin controller that walks the plan and runs each stage as a Ray Train job.
+
+It reads like single-process code: for each stage in order, skip it if its record matches,
+else launch a TorchTrainer with the stage's worker count and publish its folder when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from align.errors import AlignError, StageFailed
+from align.graph import downstream, reference_target, upstream
+from align.plan import Plan, StagePlan
+from align.run import records
+from align.run.worker import ERROR, RESULT, train_loop
+from align.stages.context import ModelInput
+
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "ALIGN_CACHE",
+                 "TORCH_EXTENSIONS_DIR", "PYTHONHASHSEED")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one stage ended in this run: ran, or skipped because its record matched."""
+
+    stage: str
+    status: str  # "ran" | "skipped"
+    folder: Path
+    seconds: float
+    metrics: dict[str, float]
+
+
+def worker_env() -> dict[str, str]:
+    """Environment the workers need from the driver (offline switches, caches), and nothing secret."""
+    env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+    # Ray Train's print patch defeats dill's stdout capture, flooding the log with bytecode
+    return {**env, "TOKENIZERS_PARALLELISM": "false", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+
+
+def connect(address: str | None) -> None:
+    """Join the named cluster, or start an embedded local Ray: no dashboard, loopback only."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    # Ray's own INFO/WARNING chatter (and the state-API warnings it makes with no dashboard) is noise here
+    settings = {"runtime_env": {"env_vars": worker_env()}, "log_to_driver": True,
+                "logging_config": ray.LoggingConfig(log_level="ERROR")}
+    if address:
+        ray.init(address=address, **settings)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **settings)
+
+
+def model_input(plan: Plan, stage: StagePlan, folders: dict[str, Path]) -> ModelInput:
+    """The input model of a stage: a base folder, or an upstream stage's output read from its record."""
+    from align.models import resolve_model
+
+    target = reference_target(stage.model_source)
+    if target is None:
+        return ModelInput(resolve_model(stage.model_source, f"stages.{stage.name}.model"))
+    output = records.read_record(folders[target])["output"]
+    return ModelInput(output["base"], tuple(output["adapters"]))
+
+
+def fingerprint(stage: StagePlan, inputs: ModelInput, folders: dict[str, Path]) -> str:
+    """A hash of the resolved stage config and of its inputs: model, upstream records, data bytes."""
+    from align.data import resolve_data
+
+    upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
+    data = getattr(stage.stage, "data", None)
+    data_prints = {split: records.file_digest(resolve_data(ref, f"stages.{stage.name}.data.{split}"))
+                   for split, ref in (("train", data.train), ("eval", data.eval)) if ref} if data else {}
+    return records.digest({
+        "stage": stage.stage.model_dump(mode="json"),
+        "backend": stage.backend, "workers": stage.workers, "precision": stage.precision, "seed": stage.seed,
+        "model": None if reference_target(stage.model_source) else records.model_identity(inputs.base),
+        "upstream": upstream_prints, "data": data_prints,
+    })
+
+
+def launch(plan: Plan, stage: StagePlan, inputs: ModelInput, scratch: Path) -> dict[str, Any]:
+    """Run the stage on `stage.workers` Ray Train workers; return rank 0's result."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    gpu = plan.hardware.accelerator
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // stage.workers)
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"plan": stage, "model_input": inputs, "output_dir": str(scratch)},
+        scaling_config=ScalingConfig(num_workers=stage.workers, use_gpu=gpu,
+                                     resources_per_worker=None if gpu else {"CPU": cpus}),
+        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
+        run_config=RunConfig(name=f"{plan.pipeline.name}-{stage.name}-{scratch.name[-8:]}",
+                             storage_path=str(scratch.parent / ".ray")),
+    )
+    try:
+        trainer.fit()
+    except Exception as err:
+        if (scratch / ERROR).exists():
+            raise AlignError(json.loads((scratch / ERROR).read_text())["message"]) from None
+        raise StageFailed(f"stage '{stage.name}' failed: {err}") from None
+    return json.loads((scratch / RESULT).read_text())
+
+
+def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[str, Any]:
+    """What the next stage reads: a base with its chain of adapters, or a whole model folder."""
+    path = str(folder / result["output"])
+    if result["output"] == "adapter":
+        return {"kind": "adapter", "path": path, "base": inputs.base, "adapters": [*inputs.adapters, path]}
+    return {"kind": "model", "path": path, "base": path, "adapters": []}
+
+
+def run_stage(plan: Plan, stage: StagePlan, inputs: ModelInput, stamp: str, folder: Path) -> dict[str, Any]:
+    """Run one stage into a scratch folder and publish it with its record; keep it aside on failure."""
+    record: dict[str, Any] = {
+        "pipeline": plan.pipeline.name, "stage": stage.name, "kind": stage.kind, "fingerprint": stamp,
+        "config": records.redact(stage.stage.model_dump(mode="json")),
+        "resolved": {"backend": stage.backend, "backend_reason": stage.backend_reason, "workers": stage.workers,
+                     "precision": stage.precision, "seed": stage.seed, "model": inputs.base,
+                     "adapters": list(inputs.adapters)},
+        "versions": records.versions(), "git_sha": records.git_sha(), "started": time.time(),
+    }
+    scratch = records.scratch_dir(folder)
+    try:
+        result = launch(plan, stage, inputs, scratch)
+    except (AlignError, StageFailed, KeyboardInterrupt) as err:
+        record.update(status="failed", ended=time.time(), error=str(err))
+        kept = records.keep_failed(scratch, folder, record)
+        raise type(err)(f"{err}\n(partial outputs kept in {kept})") from None
+    (scratch / RESULT).unlink()
+    for leftover in (path for path in scratch.iterdir() if path.is_dir() and not any(path.iterdir())):
+        leftover.rmdir()  # e.g. checkpoints/ when the stage saved none
+    record.update(status="succeeded", ended=time.time(), metrics=result["metrics"],
+                  output=output_of(result, inputs, folder))
+    records.publish(scratch, folder, record)
+    return record
+
+
+def selected_stages(plan: Plan, only: list[str], force: list[str]) -> tuple[set[str], set[str]]:
+    """Stages to consider (the named ones and what they need) and stages to rerun regardless."""
+    unknown = [name for name in [*only, *force] if name not in plan.stages]
+    if unknown:
+        raise AlignError(f"unknown stage {unknown[0]!r}; stages: {', '.join(plan.order)}")
+    wanted = upstream(plan.edges, set(only)) if only else set(plan.order)
+    return wanted, downstream(plan.edges, set(force))
+
+
+def run_plan(plan: Plan, *, only: list[str] = (), force: list[str] = (), address: str | None = None,
+             on_event: Callable[[str], None] = lambda _: None) -> list[Outcome]:
+    """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents."""
+    wanted, forced = selected_stages(plan, list(only), list(force))
+    root = plan.pipeline.defaults.output_root
+    folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}
+    outcomes = []
+    for name in (n for n in plan.order if n in wanted):
+        stage = plan.stages[name]
+        inputs = model_input(plan, stage, folders)
+        stamp = fingerprint(stage, inputs, folders)
+        existing = records.read_record(folders[name])
+        if name not in forced and existing and existing.get("status") == "succeeded" \
+                and existing.get("fingerprint") == stamp:
+            on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
+            outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
+            continue
+        connect(address)
+        on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
+        record = run_stage(plan, stage, inputs, stamp, folders[name])
+        seconds = record["ended"] - record["started"]
+        on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")
+        outcomes.append(Outcome(name, "ran", folders[name], seconds, record["metrics"]))
+    return outcomes

@@ -1,0 +1,13 @@
+"""Stage runners, one module per kind: each has `run(StageContext) -> StageResult`."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def runner_for(kind: str) -> ModuleType:
+    """The runner module of a stage kind, imported only in the worker that needs it."""
+    from align.stages import dpo, merge, sft
+
+    runners: dict[str, ModuleType] = {"sft": sft, "dpo": dpo, "merge": merge}
+    return runners[kind]

@@ -1,0 +1,119 @@
+"""What a stage runner receives and returns, and the loading steps every runner shares."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from align.data import load_data
+from align.models import load_causal_lm, load_tokenizer
+from align.plan import StagePlan
+from align.spec import LoraSpec, TrainingStage
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A stage's input model: a base folder plus the adapters to apply on it, in order."""
+
+    base: str
+    adapters: tuple[str, ...] = ()
+
+    def with_adapter(self, adapter: str) -> ModelInput:
+        return ModelInput(self.base, (*self.adapters, adapter))
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """One rank's view of a stage: its plan, its input model, where to write, and its backend."""
+
+    plan: StagePlan
+    model_input: ModelInput
+    output_dir: Path
+    backend: ModuleType
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.plan.precision]
+
+
+@dataclass
+class StageResult:
+    """What a runner produced: `adapter` or `model` (a folder of that name) and its final metrics."""
+
+    output: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
+    """The input model with its earlier adapters merged in, loaded the way the backend asks."""
+    model = load_causal_lm(ctx.model_input.base, dtype=ctx.dtype, quantize_4bit=quantize_4bit,
+                           **ctx.backend.model_kwargs(ctx.plan))
+    if ctx.model_input.adapters:
+        from peft import PeftModel
+
+        for adapter in ctx.model_input.adapters:
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return model
+
+
+def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
+    """The input model's tokenizer (saved beside every adapter and model align writes)."""
+    source = ctx.model_input.adapters[-1] if ctx.model_input.adapters else ctx.model_input.base
+    tokenizer = load_tokenizer(source)
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def peft_config(lora: LoraSpec | None):
+    """PEFT's LoraConfig for a stage's `lora:` block; TRL applies it and handles 4-bit preparation."""
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha or 2 * lora.r, lora_dropout=lora.dropout,
+                      target_modules=lora.target_modules, task_type="CAUSAL_LM")
+
+
+def stage_data(stage: TrainingStage, name: str, kind: str) -> tuple[Any, Any]:
+    """Train and eval datasets, trimmed to the row limits the stage sets."""
+    train = load_data(stage.data.train, kind, f"stages.{name}.data.train")
+    if stage.data.max_train_rows:
+        train = train.select(range(min(stage.data.max_train_rows, len(train))))
+    if stage.data.eval is None:
+        return train, None
+    evaluation = load_data(stage.data.eval, kind, f"stages.{name}.data.eval")
+    if stage.data.max_eval_rows:
+        evaluation = evaluation.select(range(min(stage.data.max_eval_rows, len(evaluation))))
+    return train, evaluation
+
+
+def write_log_history(trainer: Any, output_dir: Path) -> list[dict[str, Any]]:
+    """Every logged step to logs/metrics.jsonl, so a run's curve survives beside its outputs."""
+    history = trainer.state.log_history
+    logs = output_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "metrics.jsonl", "w") as out:
+        for entry in history:
+            out.write(json.dumps(entry) + "\n")
+    return history
+
+
+def loss_curve(history: list[dict[str, Any]], key: str = "loss") -> dict[str, float]:
+    """First and last logged training loss: the two numbers that say whether training worked."""
+    losses = [entry[key] for entry in history if key in entry]
+    if not losses:
+        return {}
+    return {f"train_{key}_first": float(losses[0]), f"train_{key}_last": float(losses[-1])}

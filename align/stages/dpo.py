@@ -1,0 +1,62 @@
+"""Direct preference optimisation with TRL's DPOTrainer.
+
+The reference model follows the plan's placement: with LoRA it is the policy's base with the
+adapters disabled (TRL does this when `ref_model` is None and the model carries adapters); for
+full parameters it is a frozen copy loaded from the input model's folder.
+"""
+
+from __future__ import annotations
+
+from align.evaluation import preference_scores
+from align.placement import REFERENCE_COPY
+from align.stages.context import (
+    StageContext,
+    StageResult,
+    load_stage_model,
+    loss_curve,
+    peft_config,
+    stage_data,
+    stage_tokenizer,
+    write_log_history,
+)
+from align.trl_args import build_config
+
+
+def reference_model(ctx: StageContext):
+    """A frozen copy for full-parameter DPO, else None (TRL disables the adapters instead)."""
+    if ctx.plan.placement.reference != REFERENCE_COPY:
+        return None
+    reference = load_stage_model(ctx)
+    reference.requires_grad_(False)
+    return reference.eval()
+
+
+def run(ctx: StageContext) -> StageResult:
+    """Score held-out pairs, train, score them again, and save the adapter or model."""
+    from trl import DPOTrainer
+
+    stage = ctx.plan.stage
+    lora = stage.lora
+    train, evaluation = stage_data(stage, ctx.plan.name, "dpo")
+    config = build_config("dpo", stage.trl, output_dir=str(ctx.output_dir / "checkpoints"),
+                          precision=ctx.plan.precision, seed=ctx.plan.seed, **ctx.backend.trainer_args(ctx.plan))
+    tokenizer = stage_tokenizer(ctx, padding_side="left")
+    model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
+    trainer = DPOTrainer(model=model, ref_model=reference_model(ctx), args=config, train_dataset=train,
+                         eval_dataset=evaluation, processing_class=tokenizer, peft_config=peft_config(lora))
+    ctx.backend.verify(trainer.model, ctx.plan)
+    metrics = {}
+    held_out = evaluation if evaluation is not None else train
+    max_length = config.max_length or 1024
+    # every rank scores: a sharded model's forward pass is a collective
+    before = preference_scores(trainer.model, tokenizer, held_out, max_length)
+    metrics.update({f"{key}_before": value for key, value in before.items()})
+    trainer.train()
+    output = "adapter" if lora else "model"
+    trainer.save_model(str(ctx.output_dir / output))
+    after = preference_scores(trainer.model, tokenizer, held_out, max_length)
+    metrics.update({f"{key}_after": value for key, value in after.items()})
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(ctx.output_dir / output))
+        metrics.update(loss_curve(write_log_history(trainer, ctx.output_dir)))
+    return StageResult(output=output, metrics=metrics)

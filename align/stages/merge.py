@@ -1,0 +1,49 @@
+"""Merge LoRA adapters into their base and save a plain `transformers` model folder.
+
+Merging must not change the model: the merged model's logits are compared with the adapter
+model's on a few prompts in fp32, and the stage fails if they differ by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from align.errors import StageFailed
+from align.stages.context import ModelInput, StageContext, StageResult, load_stage_model, stage_tokenizer
+
+
+@torch.no_grad()
+def prompt_logits(model: torch.nn.Module, tokenizer, prompts: list[str]) -> list[torch.Tensor]:
+    """Logits for each chat-formatted prompt, in fp32."""
+    model.eval()
+    logits = []
+    for prompt in prompts:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        logits.append(model(input_ids=ids).logits.float())
+    return logits
+
+
+def run(ctx: StageContext) -> StageResult:
+    """Apply every adapter of the input, check the merge is exact, and save model/ with its tokenizer."""
+    from peft import PeftModel
+
+    stage = ctx.plan.stage
+    *earlier, last = ctx.model_input.adapters
+    tokenizer = stage_tokenizer(ctx)
+    base = load_stage_model(replace(ctx, model_input=ModelInput(ctx.model_input.base, tuple(earlier))))
+    adapted = PeftModel.from_pretrained(base, last)
+    before = prompt_logits(adapted, tokenizer, stage.check_prompts)
+    merged = adapted.merge_and_unload()
+    after = prompt_logits(merged, tokenizer, stage.check_prompts)
+    max_delta = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
+    if max_delta > stage.tolerance:
+        raise StageFailed(f"merged logits differ from the adapter model's by {max_delta:.3g} "
+                          f"> tolerance {stage.tolerance:g}; the merged model was not published")
+    merged.save_pretrained(str(ctx.output_dir / "model"), safe_serialization=True)
+    tokenizer.save_pretrained(str(ctx.output_dir / "model"))
+    return StageResult(output="model", metrics={"merge_max_abs_logit_delta": max_delta,
+                                                "adapters_merged": float(len(ctx.model_input.adapters))})

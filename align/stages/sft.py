@@ -1,0 +1,43 @@
+"""Supervised fine-tuning with TRL's SFTTrainer, full-parameter or LoRA/QLoRA."""
+
+from __future__ import annotations
+
+from align.stages.context import (
+    StageContext,
+    StageResult,
+    load_stage_model,
+    loss_curve,
+    peft_config,
+    stage_data,
+    stage_tokenizer,
+    write_log_history,
+)
+from align.trl_args import build_config
+
+
+def run(ctx: StageContext) -> StageResult:
+    """Train, then save the adapter (LoRA) or the whole model, with the tokenizer beside it."""
+    from trl import SFTTrainer
+
+    stage = ctx.plan.stage
+    lora = stage.lora
+    train, evaluation = stage_data(stage, ctx.plan.name, "sft")
+    config = build_config("sft", stage.trl, output_dir=str(ctx.output_dir / "checkpoints"),
+                          precision=ctx.plan.precision, seed=ctx.plan.seed, **ctx.backend.trainer_args(ctx.plan))
+    tokenizer = stage_tokenizer(ctx)
+    model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
+    trainer = SFTTrainer(model=model, args=config, train_dataset=train, eval_dataset=evaluation,
+                         processing_class=tokenizer, peft_config=peft_config(lora))
+    ctx.backend.verify(trainer.model, ctx.plan)
+    metrics = {}
+    if evaluation is not None:
+        metrics["eval_loss_before"] = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    if evaluation is not None:
+        metrics["eval_loss_after"] = trainer.evaluate()["eval_loss"]
+    output = "adapter" if lora else "model"
+    trainer.save_model(str(ctx.output_dir / output))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(ctx.output_dir / output))
+        metrics.update(loss_curve(write_log_history(trainer, ctx.output_dir)))
+    return StageResult(output=output, metrics=metrics)
