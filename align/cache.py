@@ -39,3 +39,21 @@ def build_once(target: Path, builder: Callable[[Path], None]) -> Path:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
     return target
+
+
+def user_path(value: str) -> Path:
+    """A path as a user wrote it, `~` expanded where possible (an unknown `~user` stays as written)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        return Path(value)
+
+
+def is_dir(path: Path) -> bool:
+    """`Path.is_dir` that answers False, not raises, for names the OS refuses (too long, bad bytes)."""
+    return os.path.isdir(path)
+
+
+def exists(path: Path) -> bool:
+    """`Path.exists` that answers False, not raises, for names the OS refuses."""
+    return os.path.exists(path)

@@ -22,13 +22,19 @@ def model_problems(pipeline: Pipeline) -> list[Problem]:
     for name, stage in pipeline.stages.items():
         value = stage.model
         target = reference_target(value) if value else None
-        if value and target is None and (message := model_problem(value)) is not None:
+        malformed = value is not None and "${" in value  # reported by the reference check
+        if value and target is None and not malformed and (message := model_problem(value)) is not None:
             problems.append(Problem(f"stages.{name}.model", message))
         if isinstance(stage, MergeStage) and (target is None or target in pipeline.stages):
             source = pipeline.stages.get(target) if target else None
             if not isinstance(source, TrainingStage) or source.lora is None:
-                problems.append(Problem(f"stages.{name}.model", "a merge stage needs an adapter: refer to a "
-                                        "stage that trains with `lora:`, as ${stages.NAME.output}"))
+                problems.append(
+                    Problem(
+                        f"stages.{name}.model",
+                        "a merge stage needs an adapter: refer to a "
+                        "stage that trains with `lora:`, as ${stages.NAME.output}",
+                    )
+                )
     return problems
 
 

@@ -30,8 +30,10 @@ def build_plan(args: argparse.Namespace):
 
 def cmd_validate(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args)
-    print(f"{args.file}: valid pipeline '{pipeline.name}' with {len(pipeline.stages)} stages "
-          f"({', '.join(pipeline.stages)})")
+    print(
+        f"{args.file}: valid pipeline '{pipeline.name}' with {len(pipeline.stages)} stages "
+        f"({', '.join(pipeline.stages)})"
+    )
     return 0
 
 
@@ -47,8 +49,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from align.run.controller import run_plan
 
     plan = build_plan(args)
-    outcomes = run_plan(plan, only=args.stage, force=args.force, address=args.address,
-                        on_event=lambda line: print(line, flush=True))
+    outcomes = run_plan(
+        plan,
+        only=args.stage,
+        force=args.force,
+        address=args.address,
+        on_event=lambda line: print(line, flush=True),
+    )
     print(format_outcomes(outcomes))
     return 0
 
@@ -58,8 +65,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from align.run.submit import submit
 
     load_pipeline(args)  # refuse a bad file here, before it reaches the cluster
-    job_id = submit(args.address, args.file, overrides=args.set, only=args.stage, force=args.force,
-                    project=Path.cwd(), env=worker_env())
+    job_id = submit(
+        args.address,
+        args.file,
+        overrides=args.set,
+        only=args.stage,
+        force=args.force,
+        project=Path.cwd(),
+        env=worker_env(),
+    )
     print(job_id)
     return 0
 
@@ -91,35 +105,60 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="align", description="Alignment pipelines declared in YAML, run on Ray.")
+    top = argparse.ArgumentParser(
+        prog="align", description="Alignment pipelines declared in YAML, run on Ray."
+    )
     commands = top.add_subparsers(dest="command", required=True)
 
     def pipeline_command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("file", help="the pipeline YAML file")
-        sub.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                         help="override a value, e.g. stages.dpo.trl.beta=0.2 (repeatable)")
+        sub.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY.PATH=VALUE",
+            help="override a value, e.g. stages.dpo.trl.beta=0.2 (repeatable)",
+        )
         sub.set_defaults(handler=handler)
         return sub
 
     pipeline_command("validate", cmd_validate, "check a pipeline file without loading anything")
-    for name, handler, help_text in (("plan", cmd_plan, "show stages, backends, placement and memory per rank"),
-                                     ("run", cmd_run, "run the pipeline (an embedded Ray unless --address)"),
-                                     ("submit", cmd_submit, "send the run to a Ray cluster as a job")):
+    for name, handler, help_text in (
+        ("plan", cmd_plan, "show stages, backends, placement and memory per rank"),
+        ("run", cmd_run, "run the pipeline (an embedded Ray unless --address)"),
+        ("submit", cmd_submit, "send the run to a Ray cluster as a job"),
+    ):
         sub = pipeline_command(name, handler, help_text)
         if name != "submit":
-            sub.add_argument("--device-memory", help="memory per device for the plan, e.g. 80GB (default: detected)")
+            sub.add_argument(
+                "--device-memory", help="memory per device for the plan, e.g. 80GB (default: detected)"
+            )
         if name != "plan":
-            sub.add_argument("--stage", action="append", default=[], metavar="NAME",
-                             help="run this stage (and what it needs) only; repeatable")
-            sub.add_argument("--force", action="append", default=[], metavar="NAME",
-                             help="rerun this stage and everything downstream of it; repeatable")
+            sub.add_argument(
+                "--stage",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="run this stage (and what it needs) only; repeatable",
+            )
+            sub.add_argument(
+                "--force",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="rerun this stage and everything downstream of it; repeatable",
+            )
         if name == "run":
             sub.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else local)")
         if name == "submit":
-            sub.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HOST:8265")
-    for name, handler, help_text in (("status", cmd_status, "a submitted job's status"),
-                                     ("logs", cmd_logs, "a submitted job's logs")):
+            sub.add_argument(
+                "--address", required=True, help="the cluster's dashboard, e.g. http://HOST:8265"
+            )
+    for name, handler, help_text in (
+        ("status", cmd_status, "a submitted job's status"),
+        ("logs", cmd_logs, "a submitted job's logs"),
+    ):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("job_id")
         sub.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"))

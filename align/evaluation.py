@@ -17,7 +17,9 @@ def as_messages(value: Any, role: str) -> list[dict[str, str]]:
     return value if isinstance(value, list) else [{"role": role, "content": value}]
 
 
-def completion_logprob(model: Any, tokenizer: Any, prompt: list[dict], reply: list[dict], max_length: int) -> float:
+def completion_logprob(
+    model: Any, tokenizer: Any, prompt: list[dict], reply: list[dict], max_length: int
+) -> float:
     """Sum of the reply's token log-probabilities after the chat-formatted prompt."""
     prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     full_text = tokenizer.apply_chat_template(prompt + reply, tokenize=False)
@@ -27,7 +29,7 @@ def completion_logprob(model: Any, tokenizer: Any, prompt: list[dict], reply: li
     logits = model(input_ids=ids).logits[0, :-1].float()
     targets = ids[0, 1:]
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-    return float(token_logprobs[len(prompt_ids) - 1:].sum())
+    return float(token_logprobs[len(prompt_ids) - 1 :].sum())
 
 
 @torch.no_grad()
@@ -38,8 +40,12 @@ def preference_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 2
     margins = []
     for row in rows:
         prompt = as_messages(row.get("prompt", []), "user")
-        chosen = completion_logprob(model, tokenizer, prompt, as_messages(row["chosen"], "assistant"), max_length)
-        rejected = completion_logprob(model, tokenizer, prompt, as_messages(row["rejected"], "assistant"), max_length)
+        chosen = completion_logprob(
+            model, tokenizer, prompt, as_messages(row["chosen"], "assistant"), max_length
+        )
+        rejected = completion_logprob(
+            model, tokenizer, prompt, as_messages(row["rejected"], "assistant"), max_length
+        )
         margins.append(chosen - rejected)
     model.train(was_training)
     return {

@@ -38,10 +38,16 @@ def references(stages: dict[str, Any]) -> tuple[dict[str, list[str]], list[Probl
                 continue
             target = reference_target(value)
             if target is None:
-                problems.append(Problem(path, f"{value!r} is not a reference; write the whole value as "
-                                              "${stages.NAME.output}"))
+                problems.append(
+                    Problem(
+                        path,
+                        f"{value!r} is not a reference; write the whole value as ${{stages.NAME.output}}",
+                    )
+                )
             elif target not in stages:
-                problems.append(Problem(path, f"refers to unknown stage '{target}'; stages: {', '.join(stages)}"))
+                problems.append(
+                    Problem(path, f"refers to unknown stage '{target}'; stages: {', '.join(stages)}")
+                )
             elif target == name:
                 problems.append(Problem(path, "a stage cannot consume its own output"))
             elif target not in edges[name]:
@@ -56,8 +62,8 @@ def order(edges: dict[str, list[str]]) -> tuple[list[str], list[Problem]]:
     while pending:
         ready = next((name for name in pending if all(dep in done for dep in edges[name])), None)
         if ready is None:
-            cycle = " -> ".join(find_cycle(edges, pending))
-            return done, [Problem(f"stages.{pending[0]}", f"stages form a cycle: {cycle}")]
+            cycle = find_cycle(edges, pending)
+            return done, [Problem(f"stages.{cycle[0]}", f"stages form a cycle: {' -> '.join(cycle)}")]
         done.append(ready)
         pending.remove(ready)
     return done, []
@@ -69,7 +75,7 @@ def find_cycle(edges: dict[str, list[str]], pending: list[str]) -> list[str]:
     while True:
         step = next(dep for dep in edges[path[-1]] if dep in pending)
         if step in path:
-            return path[path.index(step):] + [step]
+            return path[path.index(step) :] + [step]
         path.append(step)
 
 

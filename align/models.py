@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
 
-from align.cache import build_once, cache_root
+from align.cache import build_once, cache_root, exists, is_dir, user_path
 from align.errors import ModelError
 from align.tiny import build_tiny_model
 
@@ -60,17 +60,17 @@ def model_problem(name_or_path: str) -> str | None:
     """Why a config value cannot name a model (None when it can); builds nothing, so validate stays cheap."""
     if name_or_path in BUILTIN_MODELS:
         return None
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    path = user_path(name_or_path)
+    if is_dir(path):
         return None
     allowed = (
         f"use a builtin model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
         "or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
     )
-    if path.exists():
+    if exists(path):
         return f"{name_or_path!r} is a file, not a model folder; {allowed}"
     if HUB_ID.fullmatch(name_or_path):
-        if not Path(path.parts[0]).is_dir():
+        if not is_dir(Path(path.parts[0])):
             return None
         return (  # a typo in a local path would otherwise surface as a hub download error
             f"the folder {name_or_path!r} does not exist (and {path.parts[0]!r} is a local folder, "
@@ -88,8 +88,8 @@ def resolve_model(name_or_path: str, field: str = "model") -> str:
     if name_or_path in BUILTIN_MODELS:
         target = cache_root() / "models" / name_or_path
         return str(build_once(target, BUILTIN_MODELS[name_or_path]))
-    path = Path(name_or_path).expanduser()
-    return str(path.resolve()) if path.is_dir() else name_or_path
+    path = user_path(name_or_path)
+    return str(path.resolve()) if is_dir(path) else name_or_path
 
 
 def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False):

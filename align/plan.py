@@ -32,7 +32,9 @@ class Hardware:
         import torch
 
         cuda = torch.cuda.is_available()
-        detected = torch.cuda.get_device_properties(0).total_memory if cuda else parse_memory(DEFAULT_DEVICE_MEMORY)
+        detected = (
+            torch.cuda.get_device_properties(0).total_memory if cuda else parse_memory(DEFAULT_DEVICE_MEMORY)
+        )
         memory = parse_memory(device_memory) if device_memory else detected
         return cls(accelerator=cuda, device_memory=memory, bf16=cuda and torch.cuda.is_bf16_supported())
 
@@ -94,7 +96,9 @@ def workload(stage: Stage, precision: str, placement: Placement, arch: Architect
     return Workload(
         dtype="bf16" if precision == "fp32" and lora and lora.load_in_4bit else precision,
         lora_rank=lora.r if lora else None,
-        lora_targets=tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else "all-linear",
+        lora_targets=tuple(lora.target_modules)
+        if lora and isinstance(lora.target_modules, list)
+        else "all-linear",
         quantize_4bit=bool(lora and lora.load_in_4bit),
         frozen_models=frozen_models(placement, arch.param_count(), precision),
         micro_batch_size=int(trl.get("per_device_train_batch_size", 8)) * pair,
@@ -103,19 +107,31 @@ def workload(stage: Stage, precision: str, placement: Placement, arch: Architect
     )
 
 
-def choose(stage: Stage, requested: str, workers: int, arch: Architecture | None, hardware: Hardware,
-           work: Workload | None) -> tuple[str, str]:
+def choose(
+    stage: Stage,
+    requested: str,
+    workers: int,
+    arch: Architecture | None,
+    hardware: Hardware,
+    work: Workload | None,
+) -> tuple[str, str]:
     """The backend for a stage and why, in one line."""
     if requested != "auto":
         return requested, "named in the pipeline file"
     if stage.kind == "merge":
         return "ddp", "a merge runs in one process"
     if workers == 1 and not hardware.accelerator:
-        return "ddp", "one CPU rank: there is nothing to shard, and offloading to the host it already uses gains nothing"
+        return (
+            "ddp",
+            "one CPU rank: nothing to shard, and offloading to the host it already runs on gains nothing",
+        )
     if arch is None or work is None:
         lora = isinstance(stage, TrainingStage) and stage.lora is not None
-        return ("zero2", "LoRA: ZeRO-2 (architecture unknown, no memory plan)") if lora else (
-            "fsdp", "full parameters: FSDP (architecture unknown, no memory plan)")
+        return (
+            ("zero2", "LoRA: ZeRO-2 (architecture unknown, no memory plan)")
+            if lora
+            else ("fsdp", "full parameters: FSDP (architecture unknown, no memory plan)")
+        )
     return choose_backend(arch, work, world_size=workers, device_memory=hardware.device_memory)
 
 
@@ -123,7 +139,11 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     stage = pipeline.stages[name]
     workers = 1 if stage.kind == "merge" else pipeline.stage_setting(name, "workers")
     # a merge is checked and saved in fp32, where an exact merge is measurable
-    precision = "fp32" if stage.kind == "merge" else resolve_precision(pipeline.stage_setting(name, "precision"), hardware)
+    precision = (
+        "fp32"
+        if stage.kind == "merge"
+        else resolve_precision(pipeline.stage_setting(name, "precision"), hardware)
+    )
     lora = stage.lora if isinstance(stage, TrainingStage) else None
     arch = stage_architecture(pipeline, name)
     trains = isinstance(stage, TrainingStage)
@@ -135,14 +155,24 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     if arch and trains:
         work = workload(stage, precision, placement, arch)
         for option, offload in (("ddp", False), ("zero2", False), ("zero2+offload", True), ("fsdp", False)):
-            by_backend[option] = estimate(arch, work, backend=option.split("+")[0], world_size=workers,
-                                          offload_optimizer=offload)
+            by_backend[option] = estimate(
+                arch, work, backend=option.split("+")[0], world_size=workers, offload_optimizer=offload
+            )
     chosen = "zero2+offload" if backend == "zero2" and offloads_optimizer(stage, backend) else backend
     return StagePlan(
-        name=name, kind=stage.kind, stage=stage, model_source=pipeline.stage_model(name),
-        upstream=tuple(upstream), backend=backend, backend_reason=reason, workers=workers,
-        precision=precision, seed=pipeline.defaults.seed, placement=placement,
-        memory=by_backend.get(chosen), memory_by_backend=by_backend,
+        name=name,
+        kind=stage.kind,
+        stage=stage,
+        model_source=pipeline.stage_model(name),
+        upstream=tuple(upstream),
+        backend=backend,
+        backend_reason=reason,
+        workers=workers,
+        precision=precision,
+        seed=pipeline.defaults.seed,
+        placement=placement,
+        memory=by_backend.get(chosen),
+        memory_by_backend=by_backend,
     )
 
 
@@ -151,7 +181,9 @@ def offloads_optimizer(stage: Stage, backend: str) -> bool:
     if backend != "zero2":
         return False
     setting = stage.zero2.offload_optimizer
-    return setting == "cpu" or (setting == "auto" and isinstance(stage, TrainingStage) and stage.lora is not None)
+    return setting == "cpu" or (
+        setting == "auto" and isinstance(stage, TrainingStage) and stage.lora is not None
+    )
 
 
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:

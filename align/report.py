@@ -5,9 +5,17 @@ from __future__ import annotations
 from align.memory import format_bytes
 from align.plan import Plan
 
-SHOWN_METRICS = ("train_loss_first", "train_loss_last", "eval_loss_before", "eval_loss_after",
-                 "preference_accuracy_before", "preference_accuracy_after", "preference_margin_before",
-                 "preference_margin_after", "merge_max_abs_logit_delta")
+SHOWN_METRICS = (
+    "train_loss_first",
+    "train_loss_last",
+    "eval_loss_before",
+    "eval_loss_after",
+    "preference_accuracy_before",
+    "preference_accuracy_after",
+    "preference_margin_before",
+    "preference_margin_after",
+    "merge_max_abs_logit_delta",
+)
 
 
 def memory_table(stage) -> list[str]:
@@ -30,12 +38,16 @@ def memory_table(stage) -> list[str]:
 def format_plan(plan: Plan) -> str:
     """Stages in order with kind, model source, backend (and why), workers, placement and memory."""
     hardware = "GPU" if plan.hardware.accelerator else "CPU"
-    lines = [f"pipeline {plan.pipeline.name}: {len(plan.order)} stages on {hardware}, "
-             f"{format_bytes(plan.hardware.device_memory)} per device"]
+    lines = [
+        f"pipeline {plan.pipeline.name}: {len(plan.order)} stages on {hardware}, "
+        f"{format_bytes(plan.hardware.device_memory)} per device"
+    ]
     for index, name in enumerate(plan.order, 1):
         stage = plan.stages[name]
-        lines.append(f"{index}. {name}  kind={stage.kind}  model={stage.model_source}  backend={stage.backend}  "
-                     f"workers={stage.workers}  precision={stage.precision}")
+        lines.append(
+            f"{index}. {name}  kind={stage.kind}  model={stage.model_source}  backend={stage.backend}  "
+            f"workers={stage.workers}  precision={stage.precision}"
+        )
         lines.append(f"    why {stage.backend}: {stage.backend_reason}")
         lines += [f"    {role}: {where}" for role, where in stage.placement.description.items()]
         lines += memory_table(stage)
@@ -46,6 +58,8 @@ def format_outcomes(outcomes) -> str:
     """One line per stage: ran or skipped, time, and the metrics that say whether it worked."""
     lines = ["summary:"]
     for outcome in outcomes:
-        shown = ", ".join(f"{key}={outcome.metrics[key]:.4g}" for key in SHOWN_METRICS if key in outcome.metrics)
+        shown = ", ".join(
+            f"{key}={outcome.metrics[key]:.4g}" for key in SHOWN_METRICS if key in outcome.metrics
+        )
         lines.append(f"  {outcome.stage:<10} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
     return "\n".join(lines)

@@ -141,7 +141,22 @@ class Header(Strict):
     base_model: str
     allow_custom_code: bool = False
     defaults: Defaults = Defaults()
-    stages: Annotated[dict[Annotated[str, Field(pattern=STAGE_NAME)], dict[str, Any]], Field(min_length=1)]
+    stages: Annotated[dict[Annotated[str, Field(pattern=STAGE_NAME)], Any], Field(min_length=1)]
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """`safe_load` that refuses a repeated key: a second `dpo:` stage must not silently replace the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -150,16 +165,20 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError([Problem(str(path), f"cannot read the pipeline file: {err.strerror}")]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([Problem(str(path), "the pipeline file is not UTF-8 text")]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         reason = getattr(err, "problem", None) or str(err)
         raise ConfigError([Problem(where, f"invalid YAML: {reason}")], source=str(path)) from None
     if not isinstance(raw, dict):
-        raise ConfigError([Problem("", "the file must be a YAML mapping with name, base_model and stages")],
-                          source=str(path))
+        raise ConfigError(
+            [Problem("", "the file must be a YAML mapping with name, base_model and stages")],
+            source=str(path),
+        )
     return raw
 
 
@@ -176,11 +195,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
         for depth, part in enumerate(parents):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                problems.append(Problem(".".join(parents[: depth + 1]), f"--set {key}: this is not a mapping"))
+                problems.append(
+                    Problem(".".join(parents[: depth + 1]), f"--set {key}: this is not a mapping")
+                )
                 break
             node = child
         else:
-            node[leaf] = yaml.safe_load(value)
+            try:
+                node[leaf] = yaml.safe_load(value)
+            except yaml.YAMLError as err:
+                problems.append(
+                    Problem(f"--set {item}", f"the value is not valid YAML: {getattr(err, 'problem', err)}")
+                )
     if problems:
         raise ConfigError(problems)
 
@@ -191,7 +217,7 @@ def validate_stage(name: str, raw_stage: Any) -> tuple[Stage | None, list[Proble
     if not isinstance(raw_stage, dict):
         return None, [Problem(where, "a stage must be a mapping with at least `kind`")]
     kind = raw_stage.get("kind")
-    if kind not in STAGE_KINDS:
+    if not isinstance(kind, str) or kind not in STAGE_KINDS:
         allowed = ", ".join(STAGE_KINDS)
         return None, [Problem(f"{where}.kind", f"{kind!r} is not a stage kind; allowed: {allowed}")]
     try:
@@ -213,7 +239,7 @@ def parse(raw: dict[str, Any]) -> Pipeline:
         header = None
     stages: dict[str, Stage] = {}
     raw_stages = raw.get("stages")
-    for name, raw_stage in (raw_stages.items() if isinstance(raw_stages, dict) else []):
+    for name, raw_stage in raw_stages.items() if isinstance(raw_stages, dict) else []:
         stage, stage_problems = validate_stage(str(name), raw_stage)
         problems += stage_problems
         if stage is not None:

@@ -46,17 +46,31 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
 
 
-def type_problem(annotation: Any, value: Any) -> str | None:
-    """Check a value against a field's annotation where pydantic can express it; skip exotic types."""
+@cache
+def type_adapter(annotation: Any) -> TypeAdapter | None:
+    """A pydantic adapter for a field's type, or None for types pydantic cannot express (TRL checks those)."""
     try:
-        adapter = TypeAdapter(annotation)
-    except Exception:  # noqa: BLE001 - TRL uses types pydantic cannot build; TRL checks those itself
+        return TypeAdapter(annotation)
+    except Exception:  # noqa: BLE001 - pydantic raises several error types for exotic annotations
         return None
+
+
+def check_value(annotation: Any, value: Any) -> tuple[Any, str | None]:
+    """The value converted to the field's type (YAML reads `5e-3` as a string), or why it cannot be."""
+    adapter = type_adapter(annotation)
+    if adapter is None:
+        return value, None
     try:
-        adapter.validate_python(value, strict=False)
+        return adapter.validate_python(value, strict=False), None
     except ValidationError as err:
-        return f"{err.errors()[0]['msg'][0].lower()}{err.errors()[0]['msg'][1:]} (got {value!r})"
-    return None
+        message = err.errors()[0]["msg"]
+        return value, f"{message[0].lower()}{message[1:]} (got {value!r})"
+
+
+def coerce(kind: str, block: dict[str, Any]) -> dict[str, Any]:
+    """The `trl:` block with each value converted to its TRL field's type."""
+    fields = field_types(config_class(kind))
+    return {key: check_value(fields.get(key, Any), value)[0] for key, value in block.items()}
 
 
 def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
@@ -72,9 +86,14 @@ def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
             problems.append(Problem(where, f"align sets this; {OWNED_BY_ALIGN[key]}"))
         elif key not in fields:
             hint = suggestion(key, sorted(fields))
-            problems.append(Problem(where, f"unknown {cls.__name__} field '{key}'; {hint}"
-                                           f"see TRL's {cls.__name__} for the fields it takes"))
-        elif (message := type_problem(fields[key], value)) is not None:
+            problems.append(
+                Problem(
+                    where,
+                    f"unknown {cls.__name__} field '{key}'; {hint}"
+                    f"see TRL's {cls.__name__} for the fields it takes",
+                )
+            )
+        elif (message := check_value(fields[key], value)[1]) is not None:
             problems.append(Problem(where, message))
     if problems:
         return problems
@@ -87,13 +106,14 @@ def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
     return []
 
 
-def build_config(kind: str, block: dict[str, Any], *, output_dir: str, precision: str, seed: int,
-                 **align_args: Any) -> Any:
+def build_config(
+    kind: str, block: dict[str, Any], *, output_dir: str, precision: str, seed: int, **align_args: Any
+) -> Any:
     """TRL's config for a stage: the user's block plus what align owns (precision, outputs, backend)."""
     import torch
 
     return config_class(kind)(
-        **block,
+        **coerce(kind, block),
         output_dir=output_dir,
         seed=seed,
         bf16=precision == "bf16",

@@ -22,11 +22,20 @@ def model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
     """The pydantic model that owns the field at `loc`, for listing the keys it allows."""
     current: Any = model
     for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+        if (
+            not (isinstance(current, type) and issubclass(current, BaseModel))
+            or part not in current.model_fields
+        ):
             return None
         annotation = current.model_fields[part].annotation
-        current = next((a for a in (annotation, *get_args(annotation)) if isinstance(a, type)
-                        and issubclass(a, BaseModel)), annotation)
+        current = next(
+            (
+                a
+                for a in (annotation, *get_args(annotation))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            annotation,
+        )
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 

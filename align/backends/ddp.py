@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from align.backends.report import ShardingReport
 
 
 def trainer_args(plan: Any) -> dict[str, Any]:
@@ -15,5 +18,15 @@ def model_kwargs(plan: Any) -> dict[str, Any]:
     return {}
 
 
+def prepare(model: Any, plan: Any) -> Any:
+    """The model as loaded: the trainer wraps it in DDP itself."""
+    return model
+
+
 def verify(model: Any, plan: Any) -> None:
     """Nothing is sharded, so there is nothing to prove."""
+
+
+def callbacks(plan: Any, logs_dir: Path) -> list[Any]:
+    """Record what each rank holds, as every backend does."""
+    return [ShardingReport(logs_dir)]

@@ -21,8 +21,15 @@ from align.run import records
 from align.run.worker import ERROR, RESULT, train_loop
 from align.stages.context import ModelInput
 
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "ALIGN_CACHE",
-                 "TORCH_EXTENSIONS_DIR", "PYTHONHASHSEED")
+FORWARDED_ENV = (
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "ALIGN_CACHE",
+    "TORCH_EXTENSIONS_DIR",
+    "PYTHONHASHSEED",
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,11 @@ def connect(address: str | None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     # Ray's own INFO/WARNING chatter (and the state-API warnings it makes with no dashboard) is noise here
-    settings = {"runtime_env": {"env_vars": worker_env()}, "log_to_driver": True,
-                "logging_config": ray.LoggingConfig(log_level="ERROR")}
+    settings = {
+        "runtime_env": {"env_vars": worker_env()},
+        "log_to_driver": True,
+        "logging_config": ray.LoggingConfig(log_level="ERROR"),
+    }
     if address:
         ray.init(address=address, **settings)
     else:
@@ -76,14 +86,27 @@ def fingerprint(stage: StagePlan, inputs: ModelInput, folders: dict[str, Path]) 
 
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
-    data_prints = {split: records.file_digest(resolve_data(ref, f"stages.{stage.name}.data.{split}"))
-                   for split, ref in (("train", data.train), ("eval", data.eval)) if ref} if data else {}
-    return records.digest({
-        "stage": stage.stage.model_dump(mode="json"),
-        "backend": stage.backend, "workers": stage.workers, "precision": stage.precision, "seed": stage.seed,
-        "model": None if reference_target(stage.model_source) else records.model_identity(inputs.base),
-        "upstream": upstream_prints, "data": data_prints,
-    })
+    data_prints = (
+        {
+            split: records.file_digest(resolve_data(ref, f"stages.{stage.name}.data.{split}"))
+            for split, ref in (("train", data.train), ("eval", data.eval))
+            if ref
+        }
+        if data
+        else {}
+    )
+    return records.digest(
+        {
+            "stage": stage.stage.model_dump(mode="json"),
+            "backend": stage.backend,
+            "workers": stage.workers,
+            "precision": stage.precision,
+            "seed": stage.seed,
+            "model": None if reference_target(stage.model_source) else records.model_identity(inputs.base),
+            "upstream": upstream_prints,
+            "data": data_prints,
+        }
+    )
 
 
 def launch(plan: Plan, stage: StagePlan, inputs: ModelInput, scratch: Path) -> dict[str, Any]:
@@ -97,11 +120,14 @@ def launch(plan: Plan, stage: StagePlan, inputs: ModelInput, scratch: Path) -> d
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"plan": stage, "model_input": inputs, "output_dir": str(scratch)},
-        scaling_config=ScalingConfig(num_workers=stage.workers, use_gpu=gpu,
-                                     resources_per_worker=None if gpu else {"CPU": cpus}),
+        scaling_config=ScalingConfig(
+            num_workers=stage.workers, use_gpu=gpu, resources_per_worker=None if gpu else {"CPU": cpus}
+        ),
         torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
-        run_config=RunConfig(name=f"{plan.pipeline.name}-{stage.name}-{scratch.name[-8:]}",
-                             storage_path=str(scratch.parent / ".ray")),
+        run_config=RunConfig(
+            name=f"{plan.pipeline.name}-{stage.name}-{scratch.name[-8:]}",
+            storage_path=str(scratch.parent / ".ray"),
+        ),
     )
     try:
         trainer.fit()
@@ -123,12 +149,23 @@ def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[
 def run_stage(plan: Plan, stage: StagePlan, inputs: ModelInput, stamp: str, folder: Path) -> dict[str, Any]:
     """Run one stage into a scratch folder and publish it with its record; keep it aside on failure."""
     record: dict[str, Any] = {
-        "pipeline": plan.pipeline.name, "stage": stage.name, "kind": stage.kind, "fingerprint": stamp,
+        "pipeline": plan.pipeline.name,
+        "stage": stage.name,
+        "kind": stage.kind,
+        "fingerprint": stamp,
         "config": records.redact(stage.stage.model_dump(mode="json")),
-        "resolved": {"backend": stage.backend, "backend_reason": stage.backend_reason, "workers": stage.workers,
-                     "precision": stage.precision, "seed": stage.seed, "model": inputs.base,
-                     "adapters": list(inputs.adapters)},
-        "versions": records.versions(), "git_sha": records.git_sha(), "started": time.time(),
+        "resolved": {
+            "backend": stage.backend,
+            "backend_reason": stage.backend_reason,
+            "workers": stage.workers,
+            "precision": stage.precision,
+            "seed": stage.seed,
+            "model": inputs.base,
+            "adapters": list(inputs.adapters),
+        },
+        "versions": records.versions(),
+        "git_sha": records.git_sha(),
+        "started": time.time(),
     }
     scratch = records.scratch_dir(folder)
     try:
@@ -140,8 +177,12 @@ def run_stage(plan: Plan, stage: StagePlan, inputs: ModelInput, stamp: str, fold
     (scratch / RESULT).unlink()
     for leftover in (path for path in scratch.iterdir() if path.is_dir() and not any(path.iterdir())):
         leftover.rmdir()  # e.g. checkpoints/ when the stage saved none
-    record.update(status="succeeded", ended=time.time(), metrics=result["metrics"],
-                  output=output_of(result, inputs, folder))
+    record.update(
+        status="succeeded",
+        ended=time.time(),
+        metrics=result["metrics"],
+        output=output_of(result, inputs, folder),
+    )
     records.publish(scratch, folder, record)
     return record
 
@@ -155,8 +196,14 @@ def selected_stages(plan: Plan, only: list[str], force: list[str]) -> tuple[set[
     return wanted, downstream(plan.edges, set(force))
 
 
-def run_plan(plan: Plan, *, only: list[str] = (), force: list[str] = (), address: str | None = None,
-             on_event: Callable[[str], None] = lambda _: None) -> list[Outcome]:
+def run_plan(
+    plan: Plan,
+    *,
+    only: list[str] = (),
+    force: list[str] = (),
+    address: str | None = None,
+    on_event: Callable[[str], None] = lambda _: None,
+) -> list[Outcome]:
     """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents."""
     wanted, forced = selected_stages(plan, list(only), list(force))
     root = plan.pipeline.defaults.output_root
@@ -167,8 +214,12 @@ def run_plan(plan: Plan, *, only: list[str] = (), force: list[str] = (), address
         inputs = model_input(plan, stage, folders)
         stamp = fingerprint(stage, inputs, folders)
         existing = records.read_record(folders[name])
-        if name not in forced and existing and existing.get("status") == "succeeded" \
-                and existing.get("fingerprint") == stamp:
+        if (
+            name not in forced
+            and existing
+            and existing.get("status") == "succeeded"
+            and existing.get("fingerprint") == stamp
+        ):
             on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
             outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
             continue

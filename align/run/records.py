@@ -20,8 +20,18 @@ from pathlib import Path
 from typing import Any
 
 RECORD = "align-stage.json"
-PACKAGES = ("align", "torch", "transformers", "trl", "peft", "deepspeed", "accelerate", "datasets", "ray",
-            "bitsandbytes")
+PACKAGES = (
+    "align",
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "deepspeed",
+    "accelerate",
+    "datasets",
+    "ray",
+    "bitsandbytes",
+)
 SECRET_KEY = re.compile(r"token|secret|password|api_key|credential", re.IGNORECASE)
 
 
@@ -75,7 +85,9 @@ def model_identity(model_dir: str) -> dict[str, Any]:
     path = Path(model_dir)
     if not path.is_dir():
         return {"hub_id": model_dir}
-    weights = sorted((p.name, p.stat().st_size) for p in path.iterdir() if p.suffix in {".safetensors", ".bin"})
+    weights = sorted(
+        (p.name, p.stat().st_size) for p in path.iterdir() if p.suffix in {".safetensors", ".bin"}
+    )
     config = path / "config.json"
     return {"config": file_digest(config) if config.exists() else None, "weights": weights}
 
@@ -94,8 +106,13 @@ def versions() -> dict[str, str | None]:
 def git_sha() -> str | None:
     """The commit of the code that ran, when it runs from a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None

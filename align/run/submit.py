@@ -6,7 +6,16 @@ import shlex
 from pathlib import Path
 
 # Folders that never travel with the job: environments, outputs, caches, version control.
-EXCLUDES = [".venv", "runs", ".git", ".cache", "**/__pycache__", ".pytest_cache", ".ruff_cache", "bench/results"]
+EXCLUDES = [
+    ".venv",
+    "runs",
+    ".git",
+    ".cache",
+    "**/__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    "bench/results",
+]
 
 
 def client(address: str):
@@ -15,8 +24,16 @@ def client(address: str):
     return JobSubmissionClient(address)
 
 
-def submit(address: str, pipeline_file: str, *, overrides: list[str], only: list[str], force: list[str],
-           project: Path, env: dict[str, str]) -> str:
+def submit(
+    address: str,
+    pipeline_file: str,
+    *,
+    overrides: list[str],
+    only: list[str],
+    force: list[str],
+    project: Path,
+    env: dict[str, str],
+) -> str:
     """Submit `align run` of the same file, with the project as working_dir; returns the job id."""
     args = ["python", "-m", "align.cli", "run", pipeline_file]
     for item in overrides:

@@ -35,9 +35,14 @@ def train_loop(config: dict[str, Any]) -> None:
     output_dir = Path(config["output_dir"])
     rank = int(os.environ.get("RANK", "0"))
     plan = config["plan"]
-    context = StageContext(plan=plan, model_input=config["model_input"], output_dir=output_dir,
-                           backend=backend_for(plan.backend), rank=rank,
-                           world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    context = StageContext(
+        plan=plan,
+        model_input=config["model_input"],
+        output_dir=output_dir,
+        backend=backend_for(plan.backend),
+        rank=rank,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+    )
     try:
         result = runner_for(plan.kind).run(context)
     except AlignError as err:  # a user error found late (bad data rows): the driver reports it plainly

@@ -59,14 +59,18 @@ class StageResult:
 
 def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
     """The input model with its earlier adapters merged in, loaded the way the backend asks."""
-    model = load_causal_lm(ctx.model_input.base, dtype=ctx.dtype, quantize_4bit=quantize_4bit,
-                           **ctx.backend.model_kwargs(ctx.plan))
+    model = load_causal_lm(
+        ctx.model_input.base,
+        dtype=ctx.dtype,
+        quantize_4bit=quantize_4bit,
+        **ctx.backend.model_kwargs(ctx.plan),
+    )
     if ctx.model_input.adapters:
         from peft import PeftModel
 
         for adapter in ctx.model_input.adapters:
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    return model
+    return ctx.backend.prepare(model, ctx.plan)
 
 
 def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
@@ -83,8 +87,13 @@ def peft_config(lora: LoraSpec | None):
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha or 2 * lora.r, lora_dropout=lora.dropout,
-                      target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha or 2 * lora.r,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def stage_data(stage: TrainingStage, name: str, kind: str) -> tuple[Any, Any]:

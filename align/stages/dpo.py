@@ -38,12 +38,26 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     lora = stage.lora
     train, evaluation = stage_data(stage, ctx.plan.name, "dpo")
-    config = build_config("dpo", stage.trl, output_dir=str(ctx.output_dir / "checkpoints"),
-                          precision=ctx.plan.precision, seed=ctx.plan.seed, **ctx.backend.trainer_args(ctx.plan))
+    config = build_config(
+        "dpo",
+        stage.trl,
+        output_dir=str(ctx.output_dir / "checkpoints"),
+        precision=ctx.plan.precision,
+        seed=ctx.plan.seed,
+        **ctx.backend.trainer_args(ctx.plan),
+    )
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
-    trainer = DPOTrainer(model=model, ref_model=reference_model(ctx), args=config, train_dataset=train,
-                         eval_dataset=evaluation, processing_class=tokenizer, peft_config=peft_config(lora))
+    trainer = DPOTrainer(
+        model=model,
+        ref_model=reference_model(ctx),
+        args=config,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+        callbacks=ctx.backend.callbacks(ctx.plan, ctx.output_dir / "logs"),
+        peft_config=peft_config(lora),
+    )
     ctx.backend.verify(trainer.model, ctx.plan)
     metrics = {}
     held_out = evaluation if evaluation is not None else train

@@ -20,8 +20,9 @@ def prompt_logits(model: torch.nn.Module, tokenizer, prompts: list[str]) -> list
     model.eval()
     logits = []
     for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
         logits.append(model(input_ids=ids).logits.float())
     return logits
@@ -41,9 +42,16 @@ def run(ctx: StageContext) -> StageResult:
     after = prompt_logits(merged, tokenizer, stage.check_prompts)
     max_delta = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
     if max_delta > stage.tolerance:
-        raise StageFailed(f"merged logits differ from the adapter model's by {max_delta:.3g} "
-                          f"> tolerance {stage.tolerance:g}; the merged model was not published")
+        raise StageFailed(
+            f"merged logits differ from the adapter model's by {max_delta:.3g} "
+            f"> tolerance {stage.tolerance:g}; the merged model was not published"
+        )
     merged.save_pretrained(str(ctx.output_dir / "model"), safe_serialization=True)
     tokenizer.save_pretrained(str(ctx.output_dir / "model"))
-    return StageResult(output="model", metrics={"merge_max_abs_logit_delta": max_delta,
-                                                "adapters_merged": float(len(ctx.model_input.adapters))})
+    return StageResult(
+        output="model",
+        metrics={
+            "merge_max_abs_logit_delta": max_delta,
+            "adapters_merged": float(len(ctx.model_input.adapters)),
+        },
+    )

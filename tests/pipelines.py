@@ -1,0 +1,90 @@
+"""Build small pipeline files in a test's tmp folder and run them through the real `align` CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SFT_DATA = {
+    "train": "align:chatterbot/sft/train",
+    "eval": "align:chatterbot/sft/test",
+    "max_train_rows": 256,
+    "max_eval_rows": 32,
+}
+PREF_DATA = {
+    "train": "align:chatterbot/prefs/train",
+    "eval": "align:chatterbot/prefs/test",
+    "max_train_rows": 128,
+    "max_eval_rows": 32,
+}
+QUIET_TRL = {
+    "logging_steps": 1,
+    "eval_strategy": "no",
+    "save_strategy": "no",
+    "report_to": [],
+    "max_length": 64,
+}
+
+
+def stage(kind: str, *, steps: int = 5, batch: int = 4, trl: dict | None = None, **fields: Any) -> dict:
+    """A training stage of `kind` on the builtin chatterbot data, with a few quiet steps."""
+    data = SFT_DATA if kind == "sft" else PREF_DATA
+    block = {
+        **QUIET_TRL,
+        "max_steps": steps,
+        "per_device_train_batch_size": batch,
+        "learning_rate": 1e-3,
+        **(trl or {}),
+    }
+    return {"kind": kind, "data": data, "trl": block, **fields}
+
+
+def write_pipeline(folder: Path, name: str, stages: dict[str, dict], **defaults: Any) -> Path:
+    """A pipeline file whose outputs go under `folder/runs`."""
+    body = {
+        "name": name,
+        "base_model": "tiny",
+        "defaults": {"output_root": str(folder / "runs"), **defaults},
+        "stages": stages,
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def run(path: Path, *extra: str, expect: int = 0, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`align run` in a fresh process (its own embedded Ray); asserts the exit code."""
+    done = subprocess.run(
+        [sys.executable, "-m", "align.cli", "run", str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == expect, done.stdout[-4000:] + "\n" + done.stderr[-4000:]
+    return done
+
+
+def stage_folder(path: Path, stage_name: str) -> Path:
+    body = yaml.safe_load(path.read_text())
+    return Path(body["defaults"]["output_root"]) / body["name"] / stage_name
+
+
+def stage_record(path: Path, stage_name: str) -> dict:
+    return json.loads((stage_folder(path, stage_name) / "align-stage.json").read_text())
+
+
+def placement_reports(path: Path, stage_name: str) -> list[dict]:
+    """Each rank's `logs/placement-rank{R}.json`, in rank order."""
+    logs = stage_folder(path, stage_name) / "logs"
+    return [json.loads(p.read_text()) for p in sorted(logs.glob("placement-rank*.json"))]
+
+
+def losses(path: Path, stage_name: str) -> list[float]:
+    """The training loss at every logged step."""
+    lines = (stage_folder(path, stage_name) / "logs" / "metrics.jsonl").read_text().splitlines()
+    return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]

@@ -1,0 +1,124 @@
+"""The demo pipeline end to end through the real CLI, Ray, TRL and PEFT: SFT -> DPO (LoRA) -> merge.
+
+One run is shared by the tests below (about 90 s on 2 cores); reruns check skipping and invalidation.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+DEMO = "pipelines/tiny_sft_dpo_merge.yaml"
+RECORD = "align-stage.json"
+
+
+def align_run(output_root: Path, *extra: str) -> str:
+    """`align run` of the demo into `output_root`; returns its output, failing the test on a non-zero exit."""
+    command = [sys.executable, "-m", "align.cli", "run", DEMO, "--set", f"defaults.output_root={output_root}"]
+    done = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def status_lines(output: str) -> dict[str, str]:
+    """Stage -> 'skipped' or 'running', from the controller's event lines."""
+    found = {}
+    for line in output.splitlines():
+        if line.startswith("[") and "] " in line:
+            stage, event = line[1:].split("] ", 1)
+            found.setdefault(stage, event.split(" ")[0].rstrip(":"))
+    return found
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    output = align_run(root)
+    return root / "tiny-sft-dpo-merge", output
+
+
+def record(folder: Path, stage: str) -> dict:
+    return json.loads((folder / stage / RECORD).read_text())
+
+
+def test_sft_loss_falls(demo_run):
+    metrics = record(demo_run[0], "sft")["metrics"]
+    assert metrics["train_loss_last"] < 0.8 * metrics["train_loss_first"]
+    assert metrics["eval_loss_after"] < metrics["eval_loss_before"] - 1.0
+
+
+def test_dpo_beats_the_sft_model_it_started_from(demo_run):
+    metrics = record(demo_run[0], "dpo")["metrics"]
+    assert metrics["preference_accuracy_after"] > metrics["preference_accuracy_before"]
+    assert metrics["preference_margin_after"] > metrics["preference_margin_before"]
+
+
+def test_stage_folders_hold_exactly_the_expected_files(demo_run):
+    folder = demo_run[0]
+    listing = {stage: sorted(p.name for p in (folder / stage).iterdir()) for stage in ("sft", "dpo", "merge")}
+    assert listing == {
+        "sft": [RECORD, "logs", "model"],
+        "dpo": ["adapter", RECORD, "logs"],
+        "merge": [RECORD, "model"],
+    }
+    tokenizer_files = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
+    assert {"config.json", "model.safetensors", *tokenizer_files} <= {
+        p.name for p in (folder / "merge/model").iterdir()
+    }
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {
+        p.name for p in (folder / "dpo/adapter").iterdir()
+    }
+    assert sorted(p.name for p in (folder / "sft/logs").iterdir()) == ["metrics.jsonl"]
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != ".ray"]
+
+
+def test_records_say_what_produced_each_stage(demo_run):
+    for stage in ("sft", "dpo", "merge"):
+        data = record(demo_run[0], stage)
+        assert data["status"] == "succeeded"
+        assert data["ended"] >= data["started"]
+        assert data["versions"]["trl"] and data["versions"]["torch"]
+        assert len(data["fingerprint"]) == 64
+    assert record(demo_run[0], "dpo")["output"]["base"] == str(demo_run[0] / "sft" / "model")
+
+
+def test_merged_model_loads_in_plain_transformers_and_matches_the_adapter(demo_run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = demo_run[0]
+    assert record(folder, "merge")["metrics"]["merge_max_abs_logit_delta"] <= 1e-4
+    merged = AutoModelForCausalLM.from_pretrained(folder / "merge/model").eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(folder / "sft/model"), folder / "dpo/adapter"
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder / "merge/model")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Do you like music?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
+    with torch.no_grad():
+        delta = (merged(input_ids=ids).logits - adapted.eval()(input_ids=ids).logits).abs().max().item()
+    assert delta <= 1e-4
+    generated = merged.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
+    assert generated.shape[1] > ids.shape[1]
+
+
+def test_rerun_skips_every_stage_and_a_changed_trl_value_reruns_it_and_downstream(demo_run):
+    folder, _ = demo_run
+    stamps = {stage: (folder / stage / RECORD).stat().st_mtime_ns for stage in ("sft", "dpo", "merge")}
+    again = align_run(folder.parent)
+    assert status_lines(again) == {"sft": "skipped", "dpo": "skipped", "merge": "skipped"}
+    assert stamps == {stage: (folder / stage / RECORD).stat().st_mtime_ns for stage in stamps}
+
+    changed = align_run(folder.parent, "--set", "stages.dpo.trl.beta=0.2")
+    assert status_lines(changed) == {"sft": "skipped", "dpo": "running", "merge": "running"}
+    assert (folder / "sft" / RECORD).stat().st_mtime_ns == stamps["sft"]
+    assert record(folder, "dpo")["config"]["trl"]["beta"] == 0.2
