@@ -25,7 +25,8 @@ def build_plan(args: argparse.Namespace):
     from align.plan import Hardware, build
 
     pipeline = load_pipeline(args)
-    return build(pipeline, Hardware.detect(args.device_memory or pipeline.defaults.device_memory))
+    memory = getattr(args, "device_memory", None) or pipeline.defaults.device_memory
+    return build(pipeline, Hardware.detect(memory, planning=args.handler is cmd_plan))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from align.cache import build_once, cache_root, exists, is_dir, user_path
 from align.errors import DataError
 
 BUILTIN_PREFIX = "align:"
+HUB_PREFIX = "hf:"  # hf:org/name@split: a hub dataset, loaded where a hub is reachable
 SFT, PREFS = ("messages",), ("prompt", "chosen", "rejected")
 BUILTIN_DATA: dict[str, tuple[str, tuple[str, ...]]] = {  # ref -> (file in the cache folder, its columns)
     "align:chatterbot/sft/train": ("sft-train.jsonl", SFT),
@@ -83,35 +84,27 @@ def sft_rows(replies: dict[str, list[str]]) -> list[dict]:
     ]
 
 
-def garbled(reply: str, rng: random.Random) -> str | None:
-    """The reply with two neighbouring words swapped (a small disfluency), or None when it has too few."""
-    words = reply.split()
-    spots = [i for i in range(len(words) - 1) if words[i] != words[i + 1]]
-    if len(words) < 3 or not spots:
-        return None
-    i = rng.choice(spots)
-    words[i], words[i + 1] = words[i + 1], words[i]
-    return " ".join(words)
+NON_ANSWERS = ("I don't know.", "Whatever.", "No comment.", "Ask someone else.", "I can't help with that.",
+               "Not sure.")
 
 
 def preference_rows(replies: dict[str, list[str]], rng: random.Random) -> list[dict]:
-    """Chosen is the real reply; rejected the same reply with two neighbouring words swapped, or, for
-    replies too short to garble, a reply to another prompt of the same split that is not a real reply
-    to this one. Fluency is a preference a tiny model can learn and carry to held-out prompts, so
-    held-out accuracy measures what DPO taught; relevance alone is beyond a 0.2M-parameter model."""
-    pool = [(prompt, reply) for prompt, answers in replies.items() for reply in answers]
+    """Chosen is the real reply; rejected a dismissive non-answer.
+
+    "A real answer beats a brush-off" is a preference a tiny model can learn and carry to held-out
+    prompts (the brush-offs are shared), so held-out accuracy measures what DPO taught. Rejecting a
+    reply to another prompt would test relevance, which a 0.2M-parameter model cannot learn.
+    """
     rows = []
     for prompt, answers in replies.items():
-        others = [reply for other, reply in pool if other != prompt and reply not in answers]
         for reply in answers:
-            rejected = garbled(reply, rng) or (rng.choice(others) if others else None)
-            if rejected is None or rejected in answers:
+            if reply in NON_ANSWERS:
                 continue
             rows.append(
                 {
                     "prompt": [{"role": "user", "content": prompt}],
                     "chosen": [{"role": "assistant", "content": reply}],
-                    "rejected": [{"role": "assistant", "content": rejected}],
+                    "rejected": [{"role": "assistant", "content": rng.choice(NON_ANSWERS)}],
                 }
             )
     return rows
@@ -183,6 +176,8 @@ def check_data(ref: str, kind: str, field: str) -> str | None:
 
     `field` is taken for symmetry with `load_data` but unused: the caller puts the YAML path in front.
     """
+    if ref.startswith(HUB_PREFIX):
+        return None if ref[len(HUB_PREFIX) :].strip() else f"{ref}: name the dataset, as hf:org/name@split"
     try:
         columns = list(builtin(ref)[1]) if ref.startswith(BUILTIN_PREFIX) else read_columns(locate(ref), ref)
     except DataError as error:
@@ -207,9 +202,9 @@ def read_columns(path: Path, ref: str) -> list[str]:
 
 def load_data(ref: str, kind: str, field: str) -> Dataset:
     """The dataset behind `ref`, checked to have the columns a `kind` stage needs."""
-    path = resolve_data(ref, field)
+    path = None if ref.startswith(HUB_PREFIX) else resolve_data(ref, field)
     try:
-        dataset = read_dataset(path, ref)
+        dataset = hub_dataset(ref) if path is None else read_dataset(path, ref)
     except DataError as error:
         raise DataError(f"{field}: {error}") from None
     problem = column_problem(ref, dataset.column_names, kind)
@@ -218,6 +213,24 @@ def load_data(ref: str, kind: str, field: str) -> Dataset:
     if problem is not None:
         raise DataError(f"{field}: {problem}")
     return dataset
+
+
+def hub_dataset(ref: str) -> Dataset:
+    """A hub dataset (`hf:org/name@split`, split `train` by default); its columns are checked on load."""
+    from datasets import load_dataset
+
+    name, _, split = ref[len(HUB_PREFIX) :].partition("@")
+    try:
+        return load_dataset(name, split=split or "train")
+    except Exception as error:  # noqa: BLE001 - offline, unknown name, unknown split: all user-facing
+        raise DataError(f"{ref} cannot be loaded from the hub: {error}") from None
+
+
+def data_identity(ref: str, field: str) -> str:
+    """What says a dataset changed: its bytes' hash, or for a hub dataset its name (hubs version it)."""
+    from align.run.records import file_digest
+
+    return ref if ref.startswith(HUB_PREFIX) else file_digest(resolve_data(ref, field))
 
 
 def read_dataset(path: Path, ref: str) -> Dataset:

@@ -113,6 +113,11 @@ class StateBytes:
     def total(self) -> int:
         return sum(getattr(self, f.name) for f in fields(self))
 
+    @property
+    def model_states(self) -> int:
+        """Parameters, gradients, optimizer states and master copy: the ZeRO paper's 16 bytes per parameter."""
+        return self.params + self.grads + self.optimizer + self.master
+
 
 _ROW_LABELS = {
     "params": "parameters",
@@ -144,7 +149,8 @@ class MemoryEstimate:
         rows = [
             (label, getattr(self.device, key), getattr(self.host, key)) for key, label in _ROW_LABELS.items()
         ]
-        return [*rows, ("total", self.device.total, self.host.total)]
+        states = ("model states", self.device.model_states, self.host.model_states)
+        return [*rows[:4], states, *rows[4:], ("total", self.device.total, self.host.total)]
 
 
 def dpo_reference(model: Architecture | int, *, lora_rank: int | None, dtype: str) -> tuple[FrozenModel, ...]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from align.architectures import Architecture, architecture_for
 from align.cache import cache_root
+from align.errors import AlignError
 from align.graph import order, reference_target, references
 from align.memory import MemoryEstimate, Workload, choose_backend, estimate, parse_memory
 from align.placement import Placement, frozen_models, plan_placement
@@ -27,16 +28,25 @@ class Hardware:
     bf16: bool = False
 
     @classmethod
-    def detect(cls, device_memory: str | None = None) -> Hardware:
-        """The local machine, with `--device-memory` overriding what is detected."""
+    def detect(cls, device_memory: str | None = None, *, planning: bool = False) -> Hardware:
+        """The local machine, with `--device-memory` overriding what is detected.
+
+        When only planning, a device memory given on a machine without GPUs means "plan for GPUs
+        of this size" (bf16), so a CPU laptop can plan the 8B run it will submit elsewhere.
+        """
         import torch
 
-        cuda = torch.cuda.is_available()
-        detected = (
-            torch.cuda.get_device_properties(0).total_memory if cuda else parse_memory(DEFAULT_DEVICE_MEMORY)
-        )
-        memory = parse_memory(device_memory) if device_memory else detected
-        return cls(accelerator=cuda, device_memory=memory, bf16=cuda and torch.cuda.is_bf16_supported())
+        real_gpu = torch.cuda.is_available()
+        if device_memory is None:
+            memory = torch.cuda.get_device_properties(0).total_memory if real_gpu else None
+        else:
+            try:
+                memory = parse_memory(device_memory)
+            except ValueError as err:
+                raise AlignError(f"device memory: {err}") from None
+        gpu = real_gpu or (planning and device_memory is not None)
+        bf16 = gpu and (not real_gpu or torch.cuda.is_bf16_supported())
+        return cls(accelerator=gpu, device_memory=memory or parse_memory(DEFAULT_DEVICE_MEMORY), bf16=bf16)
 
 
 @dataclass(frozen=True)
@@ -103,7 +113,7 @@ def workload(stage: Stage, precision: str, placement: Placement, arch: Architect
         frozen_models=frozen_models(placement, arch.param_count(), precision),
         micro_batch_size=int(trl.get("per_device_train_batch_size", 8)) * pair,
         seq_len=int(trl.get("max_length", 1024) or 1024),
-        gradient_checkpointing=bool(trl.get("gradient_checkpointing", False)),
+        gradient_checkpointing=bool(trl.get("activation_checkpointing") or trl.get("gradient_checkpointing")),
     )
 
 
@@ -156,7 +166,12 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         work = workload(stage, precision, placement, arch)
         for option, offload in (("ddp", False), ("zero2", False), ("zero2+offload", True), ("fsdp", False)):
             by_backend[option] = estimate(
-                arch, work, backend=option.split("+")[0], world_size=workers, offload_optimizer=offload
+                arch,
+                work,
+                backend=option.split("+")[0],
+                world_size=workers,
+                offload_optimizer=offload,
+                offload_params=option == "fsdp" and stage.fsdp.cpu_offload,
             )
     chosen = "zero2+offload" if backend == "zero2" and offloads_optimizer(stage, backend) else backend
     return StagePlan(

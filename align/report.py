@@ -24,14 +24,14 @@ def memory_table(stage) -> list[str]:
     if not options:
         return ["    memory: no estimate (architecture unknown until the model is present)"]
     chosen = next((name for name, value in options.items() if value is stage.memory), None)
-    header = "    per rank        " + "".join(f"{('*' if n == chosen else '') + n:>16}" for n in options)
+    header = "    per rank        " + "".join(f"{('*' if n == chosen else '') + n:>20}" for n in options)
     lines = [header]
     for index, (label, *_rest) in enumerate(next(iter(options.values())).rows()):
         cells = []
         for estimate in options.values():
             _, device, host = estimate.rows()[index]
             cells.append(format_bytes(device) + (f" [{format_bytes(host)}]" if host else ""))
-        lines.append(f"    {label:<16}" + "".join(f"{cell:>16}" for cell in cells))
+        lines.append(f"    {label:<16}" + "".join(f"{cell:>20}" for cell in cells))
     return lines
 
 

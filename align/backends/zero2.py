@@ -54,7 +54,7 @@ def user_config(path: str, where: str) -> dict[str, Any]:
         config = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(
-            [Problem(where, f"cannot read DeepSpeed config {path!r}: {err.strerror}")]
+            [Problem(where, f"cannot read DeepSpeed config {str(Path(path).resolve())!r}: {err.strerror}")]
         ) from None
     except json.JSONDecodeError as err:
         raise ConfigError([Problem(where, f"{path!r} is not valid JSON: {err}")]) from None

@@ -82,13 +82,13 @@ def model_input(plan: Plan, stage: StagePlan, folders: dict[str, Path]) -> Model
 
 def fingerprint(stage: StagePlan, inputs: ModelInput, folders: dict[str, Path]) -> str:
     """A hash of the resolved stage config and of its inputs: model, upstream records, data bytes."""
-    from align.data import resolve_data
+    from align.data import data_identity
 
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
     data_prints = (
         {
-            split: records.file_digest(resolve_data(ref, f"stages.{stage.name}.data.{split}"))
+            split: data_identity(ref, f"stages.{stage.name}.data.{split}")
             for split, ref in (("train", data.train), ("eval", data.eval))
             if ref
         }

@@ -65,7 +65,7 @@ def run(ctx: StageContext) -> StageResult:
     # every rank scores: a sharded model's forward pass is a collective
     before = preference_scores(trainer.model, tokenizer, held_out, max_length)
     metrics.update({f"{key}_before": value for key, value in before.items()})
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     output = "adapter" if lora else "model"
     trainer.save_model(str(ctx.output_dir / output))
     after = preference_scores(trainer.model, tokenizer, held_out, max_length)

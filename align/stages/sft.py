@@ -45,7 +45,7 @@ def run(ctx: StageContext) -> StageResult:
     metrics = {}
     if evaluation is not None:
         metrics["eval_loss_before"] = trainer.evaluate()["eval_loss"]
-    trainer.train()
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     if evaluation is not None:
         metrics["eval_loss_after"] = trainer.evaluate()["eval_loss"]
     output = "adapter" if lora else "model"

@@ -1,0 +1,112 @@
+"""`align submit` against a real Ray head on loopback: the job runs the pipeline and succeeds."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pipelines import stage, stage_record, write_pipeline
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "align.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def wait_for_jobs_api(address: str, head: subprocess.Popen, timeout: float = 180) -> None:
+    """Poll the dashboard until the Jobs API answers (the head takes ~10-20 s on 2 cores)."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert head.poll() is None, head.stdout.read() if head.stdout else "ray start exited"
+        try:
+            with urllib.request.urlopen(f"{address}/api/version", timeout=2):
+                return
+        except urllib.error.HTTPError:  # it answers (401 until the client sends Ray's auth token)
+            return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"the Ray head at {address} did not answer in {timeout:.0f} s")
+
+
+@pytest.fixture
+def ray_head():
+    """A Ray head of its own (`ray start --head --block`) on 127.0.0.1 with the Jobs API, ended afterwards.
+
+    `--block` keeps it in the foreground so that it can be stopped alone: `ray stop` would end every
+    Ray instance on the machine. Its temp dir is short: Unix socket paths are limited to 107 bytes.
+    """
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    dashboard = free_port()
+    start = [
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={free_port()}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        "--num-cpus=2",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}",
+    ]
+    head = subprocess.Popen(start, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        wait_for_jobs_api(address, head)
+        yield address, env
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_submit_runs_the_pipeline_as_a_ray_job(tmp_path, ray_head):
+    address, env = ray_head
+    path = write_pipeline(tmp_path, "submitted", {"sft": stage("sft", steps=3)})
+    submitted = cli("submit", str(path), "--address", address, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+
+    deadline = time.time() + 600
+    status = ""
+    while time.time() < deadline and status not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        time.sleep(3)
+        status = cli("status", job_id, "--address", address, env=env).stdout.strip()
+    logs = cli("logs", job_id, "--address", address, env=env).stdout
+    assert status == "SUCCEEDED", logs[-4000:]
+    assert "[sft] done" in logs
+    assert stage_record(path, "sft")["status"] == "succeeded"
+
+
+def test_submit_refuses_a_broken_file_before_reaching_the_cluster(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nbase_model: tiny\nstages:\n  sft: {kind: sft}\n")
+    done = cli("submit", str(broken), "--address", "http://127.0.0.1:9", env=dict(os.environ))
+    assert done.returncode == 2
+    assert "stages.sft.data" in done.stderr and "Traceback" not in done.stderr
