@@ -59,4 +59,21 @@ def cross_check(pipeline: Pipeline) -> list[Problem]:
         problems += order(edges)[1]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
+    problems += backend_problems(pipeline)
+    return problems
+
+
+def backend_problems(pipeline: Pipeline) -> list[Problem]:
+    """A user's own DeepSpeed JSON is read now, not after Ray has started the stage."""
+    from align.backends.zero2 import user_config
+    from align.errors import ConfigError
+
+    problems = []
+    for name, stage in pipeline.stages.items():
+        if stage.zero2.config is None:
+            continue
+        try:
+            user_config(stage.zero2.config, f"stages.{name}.zero2.config")
+        except ConfigError as err:
+            problems += err.problems
     return problems

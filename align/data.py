@@ -84,8 +84,14 @@ def sft_rows(replies: dict[str, list[str]]) -> list[dict]:
     ]
 
 
-NON_ANSWERS = ("I don't know.", "Whatever.", "No comment.", "Ask someone else.", "I can't help with that.",
-               "Not sure.")
+NON_ANSWERS = (
+    "I don't know.",
+    "Whatever.",
+    "No comment.",
+    "Ask someone else.",
+    "I can't help with that.",
+    "Not sure.",
+)
 
 
 def preference_rows(replies: dict[str, list[str]], rng: random.Random) -> list[dict]:

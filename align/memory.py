@@ -115,7 +115,7 @@ class StateBytes:
 
     @property
     def model_states(self) -> int:
-        """Parameters, gradients, optimizer states and master copy: the ZeRO paper's 16 bytes per parameter."""
+        """Parameters, gradients, optimizer states and master copy: the ZeRO paper's 16 bytes/param."""
         return self.params + self.grads + self.optimizer + self.master
 
 

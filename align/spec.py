@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from align.cache import user_path
 from align.errors import ConfigError, Problem
 from align.validation import pydantic_problems
 
@@ -51,8 +52,14 @@ class Zero2Spec(Strict):
     offload_optimizer: Literal["cpu", "none", "auto"] = "auto"
     overlap_comm: bool = True
     contiguous_gradients: bool = True
-    bucket_size: Annotated[int, Field(gt=0)] = 50_000_000
+    bucket_size: Annotated[int, Field(gt=0, multiple_of=2)] = 50_000_000  # DeepSpeed needs it even
     config: str | None = None
+
+    @field_validator("config")
+    @classmethod
+    def absolute_config(cls, value: str | None) -> str | None:
+        """Resolved against the directory align runs in: Ray workers run elsewhere."""
+        return str(user_path(value).resolve()) if value else value
 
 
 class FSDPSpec(Strict):

@@ -122,3 +122,9 @@ def test_rerun_skips_every_stage_and_a_changed_trl_value_reruns_it_and_downstrea
     assert status_lines(changed) == {"sft": "skipped", "dpo": "running", "merge": "running"}
     assert (folder / "sft" / RECORD).stat().st_mtime_ns == stamps["sft"]
     assert record(folder, "dpo")["config"]["trl"]["beta"] == 0.2
+
+
+def test_force_reruns_the_named_stage_and_what_follows_only(demo_run):
+    folder, _ = demo_run
+    forced = align_run(folder.parent, "--set", "stages.dpo.trl.beta=0.2", "--force", "merge")
+    assert status_lines(forced) == {"sft": "skipped", "dpo": "skipped", "merge": "running"}

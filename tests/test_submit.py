@@ -56,7 +56,8 @@ def ray_head():
     Ray instance on the machine. Its temp dir is short: Unix socket paths are limited to 107 bytes.
     """
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    # Ray 2.60 heads require a token by default; clients send it only in token mode
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
     dashboard = free_port()
     start = [
         str(BIN / "ray"),

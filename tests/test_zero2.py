@@ -16,12 +16,13 @@ from align.backends.report import ShardingReport
 from align.errors import ConfigError
 from align.plan import Hardware, StagePlan, build
 from align.spec import Pipeline
-from pipelines import placement_reports, run, stage, stage_record, write_pipeline
+from pipelines import PREF_DATA, placement_reports, run, stage, stage_record, write_pipeline
 
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 CPU_HOST = Hardware(accelerator=False, device_memory=80 * 2**30)
 LORA = {"r": 8}
 AUTO_ADAMW = {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+FEW_PAIRS = {**PREF_DATA, "max_train_rows": 32, "max_eval_rows": 8}  # DPO scores the eval pairs twice
 
 
 def zero2_plan(**fields) -> StagePlan:
@@ -195,13 +196,14 @@ def assert_states_sharded(reports: list[dict], world_size: int, optimizer: str) 
 def test_lora_dpo_shards_offloaded_optimizer_states(tmp_path, monkeypatch, device) -> None:
     """Through the shipped offload preset, so the file users copy is known to run."""
     settings = {"config": str(PRESETS / "zero2_offload.json")}
-    body = stage("dpo", steps=3, lora=LORA, backend="zero2", workers=2, zero2=settings)
+    body = stage("dpo", steps=3, data=FEW_PAIRS, lora=LORA, backend="zero2", workers=2, zero2=settings)
     assert_states_sharded(run_zero2(tmp_path, monkeypatch, device, body), 2, "DeepSpeedCPUAdam")
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_qlora_dpo_shards_offloaded_optimizer_states(tmp_path, monkeypatch, device) -> None:
-    body = stage("dpo", steps=3, lora={"r": 8, "load_in_4bit": True}, backend="zero2", workers=2)
+    qlora = {"r": 8, "load_in_4bit": True}
+    body = stage("dpo", steps=3, data=FEW_PAIRS, lora=qlora, backend="zero2", workers=2)
     assert_states_sharded(run_zero2(tmp_path, monkeypatch, device, body), 2, "DeepSpeedCPUAdam")
 
 
@@ -217,5 +219,5 @@ def test_full_parameter_sft_shards_optimizer_states_without_offload(tmp_path, mo
 @pytest.mark.integration
 def test_zero2_named_explicitly_runs_on_one_rank(tmp_path, monkeypatch) -> None:
     """One CPU rank is planned as ddp unless zero2 is named; named, it must still run (unsharded)."""
-    body = stage("dpo", steps=3, lora=LORA, backend="zero2", workers=1)
+    body = stage("dpo", steps=3, data=FEW_PAIRS, lora=LORA, backend="zero2", workers=1)
     assert_states_sharded(run_zero2(tmp_path, monkeypatch, "cpu", body), 1, "DeepSpeedCPUAdam")

@@ -69,6 +69,14 @@ def connect(address: str | None) -> None:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **settings)
 
 
+def disconnect() -> None:
+    """Shut down this driver's Ray connection (an embedded Ray stops with it)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def model_input(plan: Plan, stage: StagePlan, folders: dict[str, Path]) -> ModelInput:
     """The input model of a stage: a base folder, or an upstream stage's output read from its record."""
     from align.models import resolve_model
@@ -225,7 +233,11 @@ def run_plan(
             continue
         connect(address)
         on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
-        record = run_stage(plan, stage, inputs, stamp, folders[name])
+        try:
+            record = run_stage(plan, stage, inputs, stamp, folders[name])
+        except BaseException:
+            disconnect()  # let Ray's own failure logs drain first, so align's message is the last word
+            raise
         seconds = record["ended"] - record["started"]
         on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")
         outcomes.append(Outcome(name, "ran", folders[name], seconds, record["metrics"]))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
+import time
 from pathlib import Path
 
+from align.errors import AlignError
+
+AGENT_WAIT_S = 120
 # Folders that never travel with the job: environments, outputs, caches, version control.
 EXCLUDES = [
     ".venv",
@@ -19,9 +24,17 @@ EXCLUDES = [
 
 
 def client(address: str):
+    """A Jobs API client; an unreachable or refusing cluster is a user-facing error, not a traceback."""
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(address)
+    try:
+        return JobSubmissionClient(address)
+    except Exception as err:  # noqa: BLE001 - connection, version and authentication errors alike
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise AlignError(
+            f"cannot use the Ray Jobs API at {address}: {first_line}. Check --address (the dashboard, "
+            "e.g. http://HOST:8265) and, on clusters with token auth, RAY_AUTH_MODE=token and the token"
+        ) from None
 
 
 def submit(
@@ -42,8 +55,21 @@ def submit(
         args += ["--stage", name]
     for name in force:
         args += ["--force", name]
-    runtime_env = {"working_dir": str(project), "excludes": EXCLUDES, "env_vars": env}
-    return client(address).submit_job(entrypoint=shlex.join(args), runtime_env=runtime_env)
+    # The driver's settings travel on its command line: `align run` forwards them to its workers itself,
+    # and a job-level env_vars would clash with that when the driver joins the cluster.
+    assignments = [f"{key}={shlex.quote(value)}" for key, value in env.items()]
+    entrypoint = " ".join([*assignments, shlex.join(args)])
+    runtime_env = {"working_dir": str(project), "excludes": EXCLUDES}
+    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per file packed into working_dir
+    jobs = client(address)
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return jobs.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+        except RuntimeError as err:  # a head that just started has no job agent for some seconds
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise AlignError(f"the Ray cluster at {address} refused the job: {err}") from None
+            time.sleep(2)
 
 
 def status(address: str, job_id: str) -> str:

@@ -22,9 +22,11 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     lora = stage.lora
     train, evaluation = stage_data(stage, ctx.plan.name, "sft")
+    # evaluating before training goes through the trainer's own start-of-training hook: a bare
+    # evaluate() before train() is refused by DeepSpeed ZeRO-1/2 (no engine yet)
     config = build_config(
         "sft",
-        stage.trl,
+        {**stage.trl, "eval_on_start": evaluation is not None},
         output_dir=str(ctx.output_dir / "checkpoints"),
         precision=ctx.plan.precision,
         seed=ctx.plan.seed,
@@ -43,10 +45,11 @@ def run(ctx: StageContext) -> StageResult:
     )
     ctx.backend.verify(trainer.model, ctx.plan)
     metrics = {}
-    if evaluation is not None:
-        metrics["eval_loss_before"] = trainer.evaluate()["eval_loss"]
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     if evaluation is not None:
+        metrics["eval_loss_before"] = next(
+            e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e
+        )
         metrics["eval_loss_after"] = trainer.evaluate()["eval_loss"]
     output = "adapter" if lora else "model"
     trainer.save_model(str(ctx.output_dir / output))

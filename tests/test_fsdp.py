@@ -1,0 +1,306 @@
+"""The fsdp backend: parameters really sharded (not DDP in disguise), a plain saved model, an exact resume.
+
+Integration tests run 2 ranks through the real CLI (Ray Train, gloo on CPU); the rest are unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from align.backends import fsdp
+from align.errors import ConfigError
+from align.plan import Hardware, build
+from align.spec import FSDPSpec, load
+from pipelines import placement_reports, run, stage, stage_folder, stage_record, write_pipeline
+
+CPU = Hardware(accelerator=False, device_memory=80 * 2**30)
+CONSTANT_LR = {"lr_scheduler_type": "constant"}
+PRESET = Path(__file__).resolve().parents[1] / "configs" / "fsdp" / "fsdp2.yaml"
+
+
+def fsdp_pipeline(folder: Path, name: str, stages: dict[str, dict], **defaults) -> Path:
+    """A pipeline whose stages run under fsdp on 2 ranks, in fp32 with a fixed seed."""
+    settings = {"backend": "fsdp", "workers": 2, "precision": "fp32", "seed": 0, **defaults}
+    return write_pipeline(folder, name, stages, **settings)
+
+
+def stage_plan(folder: Path, **fields):
+    """The plan of a one-stage SFT pipeline on this CPU, with `fields` set on the stage."""
+    path = fsdp_pipeline(folder, "unit", {"sft": stage("sft", **fields)})
+    return build(load(path), CPU).stages["sft"]
+
+
+def metrics_by_step(path: Path, stage_name: str) -> dict[int, float]:
+    """Training loss per optimizer step, from the stage's logs/metrics.jsonl."""
+    lines = (stage_folder(path, stage_name) / "logs" / "metrics.jsonl").read_text().splitlines()
+    return {entry["step"]: entry["loss"] for entry in map(json.loads, lines) if "loss" in entry}
+
+
+def fsdp_reports(path: Path, stage_name: str) -> list[dict]:
+    """Each rank's `logs/fsdp-rank{R}.json`: every model that rank sharded."""
+    logs = stage_folder(path, stage_name) / "logs"
+    return [json.loads(p.read_text()) for p in sorted(logs.glob("fsdp-rank*.json"))]
+
+
+def assert_sharded(facts: dict) -> None:
+    """Half of the parameters on each of 2 ranks, held as DTensors; DDP would hold all of them."""
+    assert facts["dtensor_params"] > 0, facts
+    assert facts["param_elements_local"] == pytest.approx(facts["param_elements_total"] / 2, rel=0.02), facts
+
+
+def assert_trained_sharded(reports: list[dict]) -> None:
+    """Both ranks hold half the parameters and half the AdamW states (two moments per local element)."""
+    assert [r["rank"] for r in reports] == [0, 1]
+    for facts in reports:
+        assert_sharded(facts)
+        assert facts["optimizer_state_elements_local"] == 2 * facts["param_elements_local"], facts
+
+
+# ---- unit tests -----------------------------------------------------------------------------------
+
+
+def test_verify_refuses_an_unsharded_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config)
+    plan = SimpleNamespace(name="sft", workers=2)
+    total = sum(p.numel() for p in model.parameters())
+    with pytest.raises(RuntimeError, match="stage 'sft'") as refused:
+        fsdp.verify(model, plan)
+    assert f"about {total / 2:,.0f} of the {total:,}" in str(refused.value)
+    assert f"this rank holds {total:,} (0 DTensor parameters)" in str(refused.value)
+
+
+def test_lora_and_a_single_worker_are_refused_with_the_yaml_path(tmp_path):
+    lora = stage_plan(tmp_path, lora={"r": 4})
+    with pytest.raises(ConfigError) as refused:
+        fsdp.trainer_args(lora)
+    assert "stages.sft.backend" in str(refused.value) and "backend: zero2" in str(refused.value)
+
+    single = build(load(fsdp_pipeline(tmp_path, "one", {"sft": stage("sft")}, workers=1)), CPU).stages["sft"]
+    with pytest.raises(ConfigError, match="stages.sft.workers"):
+        fsdp.model_kwargs(single)
+
+
+def test_settings_follow_the_stage(tmp_path):
+    plain = fsdp.model_kwargs(stage_plan(tmp_path))["distributed_config"]
+    assert (plain.fsdp_size, plain.fsdp_mixed_precision, plain.fsdp_cpu_offload) == (2, False, False)
+    assert fsdp.trainer_args(stage_plan(tmp_path)) == {"save_only_model": True}
+
+    bf16 = fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "bf16"}))["distributed_config"]
+    assert bf16.fsdp_mixed_precision
+    with pytest.raises(ConfigError, match="stages.sft.fsdp.mixed_precision"):
+        fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "fp16"}))
+
+
+def test_preset_documents_the_defaults():
+    preset = yaml.safe_load(PRESET.read_text())
+    assert preset["backend"] == "fsdp"
+    assert FSDPSpec.model_validate(preset["fsdp"]) == FSDPSpec()
+
+
+# ---- the settings on the live FSDP2 units (2 processes, no Ray) ---------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def unit_facts(model: torch.nn.Module) -> dict:
+    """What one training step and one no-grad forward show about the stage's settings."""
+    from torch.distributed.tensor import DTensor
+
+    layer = model.model.layers[0]
+    attention_dtypes = []
+    layer.self_attn.q_proj.register_forward_hook(lambda m, i, out: attention_dtypes.append(str(out.dtype)))
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    forwards_per_step = len(attention_dtypes)
+    with torch.no_grad():
+        model(input_ids=ids)
+    return {
+        "forwards_per_step": forwards_per_step,  # 2: activation checkpointing recomputes in backward
+        "compute_dtype": attention_dtypes[0],
+        "sharded_after_forward": isinstance(layer.self_attn.q_proj.weight, DTensor),
+        # FSDP2 has no public getter for its prefetch lists
+        "forward_prefetch": len(layer._get_fsdp_state()._states_to_forward_prefetch),
+    }
+
+
+def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
+    """One rank: load the tiny model as each plan says, prepare it, and record what its units do."""
+    import torch.distributed as dist
+
+    from align.models import load_causal_lm, resolve_model
+
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    dist.init_process_group("gloo")
+    facts = {}
+    for name, plan in plans.items():
+        model = load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plan))
+        facts[name] = unit_facts(fsdp.prepare(model, plan))
+    Path(out, f"rank{rank}.json").write_text(json.dumps(facts))
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_prepare_applies_reshard_prefetch_precision_and_checkpointing(tmp_path):
+    from align.models import resolve_model
+
+    resolve_model("tiny")  # build the builtin once, before two ranks race for it
+    on = {
+        "activation_checkpointing": True,
+        "reshard_after_forward": True,
+        "prefetch": True,
+        "mixed_precision": "bf16",
+    }
+    off = {
+        "activation_checkpointing": False,
+        "reshard_after_forward": False,
+        "prefetch": False,
+        "mixed_precision": "fp32",
+    }
+    plans = {"on": stage_plan(tmp_path, fsdp=on), "off": stage_plan(tmp_path, fsdp=off)}
+    torch.multiprocessing.spawn(prepare_on_rank, args=(free_port(), plans, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert facts["on"] == {
+            "forwards_per_step": 2,
+            "compute_dtype": "torch.bfloat16",
+            "sharded_after_forward": True,
+            "forward_prefetch": 1,
+        }
+        assert facts["off"] == {
+            "forwards_per_step": 1,
+            "compute_dtype": "torch.float32",
+            "sharded_after_forward": False,
+            "forward_prefetch": 0,
+        }
+
+
+# ---- SFT through the CLI: sharding, the saved model, and resume ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tmp_path_factory) -> Path:
+    """Run A (8 steps), B1 (the same stopped at 4, checkpointed) and B2 (resumed from B1 to 8).
+
+    Stages that read no other stage's output run in file order, so b1 is published before b2 starts.
+    """
+    folder = tmp_path_factory.mktemp("fsdp-sft")
+    checkpoint = folder / "runs" / "fsdp-sft" / "b1" / "checkpoints" / "checkpoint-4"
+    stages = {
+        "a": stage("sft", steps=8, trl=CONSTANT_LR),
+        "b1": stage("sft", steps=4, trl={**CONSTANT_LR, "save_strategy": "steps", "save_steps": 4}),
+        "b2": stage("sft", steps=8, trl={**CONSTANT_LR, "resume_from_checkpoint": str(checkpoint)}),
+    }
+    path = fsdp_pipeline(folder, "fsdp-sft", stages)
+    run(path)
+    return path
+
+
+@pytest.mark.integration
+def test_sft_shards_every_rank_and_loss_falls(sft_runs):
+    assert_trained_sharded(placement_reports(sft_runs, "a"))
+    losses = list(metrics_by_step(sft_runs, "a").values())
+    assert len(losses) == 8 and losses[-1] < losses[0] - 0.2, losses
+    metrics = stage_record(sft_runs, "a")["metrics"]
+    assert metrics["eval_loss_after"] < metrics["eval_loss_before"]
+
+
+@pytest.mark.integration
+def test_saved_model_is_whole_and_loads_in_plain_transformers(sft_runs):
+    from transformers import AutoModelForCausalLM
+
+    from align.models import resolve_model
+
+    saved = stage_folder(sft_runs, "a") / "model"
+    assert (saved / "model.safetensors").is_file()
+    assert "distributed_config" not in json.loads((saved / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(saved)
+    total = placement_reports(sft_runs, "a")[0]["param_elements_total"]
+    assert sum(p.numel() for p in model.parameters()) == total
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"))
+    for (name, trained), initial in zip(model.named_parameters(), base.parameters(), strict=True):
+        assert not torch.equal(trained, initial), f"{name} did not change"
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.integration
+def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(sft_runs):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    uninterrupted = metrics_by_step(sft_runs, "a")
+    first_half = metrics_by_step(sft_runs, "b1")
+    second_half = {step: loss for step, loss in metrics_by_step(sft_runs, "b2").items() if step > 4}
+    assert sorted(first_half) == [1, 2, 3, 4] and sorted(second_half) == [5, 6, 7, 8]
+    resumed = [{**first_half, **second_half}[step] for step in range(1, 9)]
+    expected = [uninterrupted[step] for step in range(1, 9)]
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+
+    # The checkpoint holds the sharded optimizer: one DCP file per rank, each Adam moment in 2 chunks.
+    # HF's own rank-0 optimizer.pt/scheduler.pt are not written (save_only_model), so nothing competes.
+    checkpoint = stage_folder(sft_runs, "b1") / "checkpoints" / "checkpoint-4"
+    assert {"model.safetensors", "trainer_state.json", "fsdp_state"} <= {p.name for p in checkpoint.iterdir()}
+    assert not (checkpoint / "optimizer.pt").exists() and not (checkpoint / "scheduler.pt").exists()
+    shards = sorted(p.name for p in (checkpoint / "fsdp_state").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    stored = FileSystemReader(str(checkpoint / "fsdp_state")).read_metadata().state_dict_metadata
+    moments = [key for key in stored if key.startswith("optimizer.state.") and key.endswith(".exp_avg")]
+    assert len(moments) == 20  # every parameter of the 2-layer tiny Llama (the tied head shares one)
+    assert all(len(stored[key].chunks) == 2 for key in moments)
+    assert "scheduler.last_epoch" in stored
+
+
+# ---- DPO through the CLI: policy and frozen reference both sharded ---------------------------------------
+
+
+@pytest.mark.integration
+def test_dpo_shards_the_policy_and_the_reference(tmp_path):
+    path = fsdp_pipeline(tmp_path, "fsdp-dpo", {"dpo": stage("dpo", steps=4)})
+    run(path)
+    assert_trained_sharded(placement_reports(path, "dpo"))
+    for report in fsdp_reports(path, "dpo"):
+        assert sorted(model["trainable"] for model in report["models"]) == [False, True]  # reference, policy
+        for model in report["models"]:
+            assert_sharded(model)
+    record = stage_record(path, "dpo")
+    assert record["status"] == "succeeded"
+    assert len(metrics_by_step(path, "dpo")) == 4
+    assert "preference_accuracy_after" in record["metrics"]
+
+
+# ---- the same on GPUs (NCCL) ------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.gpu(devices=2)
+def test_sft_shards_every_rank_on_two_gpus(tmp_path):
+    path = fsdp_pipeline(tmp_path, "fsdp-gpu", {"sft": stage("sft", steps=4)}, precision="auto")
+    run(path)
+    assert_trained_sharded(placement_reports(path, "sft"))
+    losses = list(metrics_by_step(path, "sft").values())
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
