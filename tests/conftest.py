@@ -1,4 +1,4 @@
-"""Shared test settings: no hub, a private cache for builtin models and data, GPU tests skipped without GPUs."""
+"""Shared test settings: no hub, a private cache for builtins, GPU tests skipped without GPUs."""
 
 import os
 import tempfile
