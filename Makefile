@@ -9,7 +9,7 @@ DEMO     := pipelines/tiny_sft_dpo_merge.yaml
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo test test-fast lint pipeline sft dpo merge plan validate clean
+.PHONY: setup demo test test-fast lint pipeline sft dpo merge plan validate smoke smoke-gpu clean
 
 setup: $(SETUP)
 
@@ -30,6 +30,15 @@ test: $(SETUP)
 
 test-fast: $(SETUP)
 	$(OFFLINE) $(PY) -m pytest -q -m "not integration"
+
+# The 2-rank backend tests: gloo on CPU, NCCL on two GPUs (the same cases, marked `gpu`).
+SMOKE := tests/test_zero2.py tests/test_fsdp.py tests/test_equivalence.py
+
+smoke: $(SETUP)
+	CUDA_VISIBLE_DEVICES= $(OFFLINE) $(PY) -m pytest -q -m "integration and not gpu" $(SMOKE)
+
+smoke-gpu: $(SETUP)
+	$(OFFLINE) $(PY) -m pytest -q -m gpu $(SMOKE)
 
 lint: $(SETUP)
 	$(VENV)/bin/ruff check align tests scripts bench

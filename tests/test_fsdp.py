@@ -19,7 +19,7 @@ from align.backends import fsdp
 from align.errors import ConfigError
 from align.plan import Hardware, build
 from align.spec import FSDPSpec, load
-from pipelines import placement_reports, run, stage, stage_folder, stage_record, write_pipeline
+from pipelines import PREF_DATA, placement_reports, run, stage, stage_folder, stage_record, write_pipeline
 
 CPU = Hardware(accelerator=False, device_memory=80 * 2**30)
 CONSTANT_LR = {"lr_scheduler_type": "constant"}
@@ -87,7 +87,7 @@ def test_verify_refuses_an_unsharded_model():
     assert f"this rank holds {total:,} (0 DTensor parameters)" in str(refused.value)
 
 
-def test_lora_and_a_single_worker_are_refused_with_the_yaml_path(tmp_path):
+def test_what_fsdp_cannot_do_is_refused_with_the_yaml_path(tmp_path):
     lora = stage_plan(tmp_path, lora={"r": 4})
     with pytest.raises(ConfigError) as refused:
         fsdp.trainer_args(lora)
@@ -97,6 +97,10 @@ def test_lora_and_a_single_worker_are_refused_with_the_yaml_path(tmp_path):
     with pytest.raises(ConfigError, match="stages.sft.workers"):
         fsdp.model_kwargs(single)
 
+    plain_checkpoint = stage_plan(tmp_path, trl={"resume_from_checkpoint": str(tmp_path)})
+    with pytest.raises(ConfigError, match="stages.sft.trl.resume_from_checkpoint: .* has no fsdp_state/"):
+        fsdp.trainer_args(plain_checkpoint)
+
 
 def test_settings_follow_the_stage(tmp_path):
     plain = fsdp.model_kwargs(stage_plan(tmp_path))["distributed_config"]
@@ -105,6 +109,8 @@ def test_settings_follow_the_stage(tmp_path):
 
     bf16 = fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "bf16"}))["distributed_config"]
     assert bf16.fsdp_mixed_precision
+    offload = fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"cpu_offload": True}))["distributed_config"]
+    assert offload.fsdp_cpu_offload == torch.cuda.is_available()  # on a CPU run the shards are in host memory
     with pytest.raises(ConfigError, match="stages.sft.fsdp.mixed_precision"):
         fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "fp16"}))
 
@@ -280,7 +286,9 @@ def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(sft_runs
 
 @pytest.mark.integration
 def test_dpo_shards_the_policy_and_the_reference(tmp_path):
-    path = fsdp_pipeline(tmp_path, "fsdp-dpo", {"dpo": stage("dpo", steps=4)})
+    # held-out pairs are scored one forward at a time, each a collective: keep them few
+    data = {**PREF_DATA, "max_eval_rows": 8}
+    path = fsdp_pipeline(tmp_path, "fsdp-dpo", {"dpo": stage("dpo", steps=4, data=data)})
     run(path)
     assert_trained_sharded(placement_reports(path, "dpo"))
     for report in fsdp_reports(path, "dpo"):

@@ -59,19 +59,30 @@ def ray_head():
     # Ray 2.60 heads require a token by default; clients send it only in token mode
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
     dashboard = free_port()
+    # every port of its own: a second Ray on the machine (another test, a user's) must not collide
+    names = (
+        "port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+    )
     start = [
         str(BIN / "ray"),
         "start",
         "--head",
         "--block",
         "--node-ip-address=127.0.0.1",
-        f"--port={free_port()}",
         "--include-dashboard=true",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard}",
         "--num-cpus=2",
         "--disable-usage-stats",
         f"--temp-dir={temp}",
+        *(f"--{name}={free_port()}" for name in names),
     ]
     head = subprocess.Popen(start, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     address = f"http://127.0.0.1:{dashboard}"

@@ -45,9 +45,9 @@ SHARDED_MODELS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 def check_supported(plan: Any) -> None:
     """Refuse what this backend would not shard, rather than run it unsharded under the name fsdp."""
-    where = f"stages.{plan.name}"
+    where, trl = f"stages.{plan.name}", plan.stage.trl
     problems = []
-    if getattr(plan.stage, "lora", None) is not None:
+    if plan.stage.lora is not None:
         problems.append(
             Problem(
                 f"{where}.backend",
@@ -57,11 +57,20 @@ def check_supported(plan: Any) -> None:
         )
     if plan.workers < 2:
         problems.append(Problem(f"{where}.workers", "fsdp shards across workers and needs 2 or more"))
-    if "save_only_model" in getattr(plan.stage, "trl", {}):
+    if "save_only_model" in trl:
         problems.append(
             Problem(
                 f"{where}.trl.save_only_model",
                 "fsdp sets this: the Trainer saves the model, the backend saves the sharded optimizer",
+            )
+        )
+    resume = trl.get("resume_from_checkpoint")
+    if resume and not (Path(resume) / DCP_FOLDER / ".metadata").is_file():
+        problems.append(
+            Problem(
+                f"{where}.trl.resume_from_checkpoint",
+                f"{resume} has no {DCP_FOLDER}/ with the sharded model and optimizer states; resume from "
+                "a checkpoint that a stage under `backend: fsdp` wrote",
             )
         )
     if problems:
@@ -193,12 +202,7 @@ def save_training_state(folder: Path, model: torch.nn.Module, optimizer: Any, sc
 
 
 def load_training_state(folder: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
-    """Load each rank's shards back in place; a checkpoint without them cannot resume the optimizer."""
-    if not (folder / DCP_FOLDER / ".metadata").is_file():
-        raise RuntimeError(
-            f"cannot resume from {folder}: it has no {DCP_FOLDER}/ with the sharded model and optimizer "
-            "states that the fsdp backend writes into its checkpoints"
-        )
+    """Load each rank's shards back in place (`check_supported` made sure the checkpoint has them)."""
     state = training_state(model, optimizer, scheduler)
     dcp.load(state, checkpoint_id=folder / DCP_FOLDER)
     set_state_dict(
