@@ -56,3 +56,8 @@ sft dpo merge: $(SETUP)
 
 clean:
 	rm -rf runs
+
+# Memory plan vs measured model states per backend (3-4 min on 2 cores); see bench/README.md.
+.PHONY: bench
+bench: $(SETUP)
+	$(OFFLINE) $(PY) bench/memory.py

@@ -30,7 +30,7 @@ def build_plan(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    pipeline = load_pipeline(args)
+    pipeline = build_plan(args).pipeline  # the plan refuses what a chosen backend cannot run
     print(
         f"{args.file}: valid pipeline '{pipeline.name}' with {len(pipeline.stages)} stages "
         f"({', '.join(pipeline.stages)})"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from align.architectures import Architecture, architecture_for
 from align.cache import cache_root
-from align.errors import AlignError
+from align.errors import AlignError, ConfigError
 from align.graph import order, reference_target, references
 from align.memory import MemoryEstimate, Workload, choose_backend, estimate, parse_memory
 from align.placement import Placement, frozen_models, plan_placement
@@ -201,10 +201,26 @@ def offloads_optimizer(stage: Stage, backend: str) -> bool:
     )
 
 
+def check_backends(stages: dict[str, StagePlan]) -> None:
+    """Refuse, before Ray starts, what a chosen backend cannot do (each backend says what that is)."""
+    from align.backends import backend_for
+
+    problems = []
+    for stage in stages.values():
+        if isinstance(stage.stage, TrainingStage):
+            try:
+                backend_for(stage.backend).check_supported(stage)
+            except ConfigError as err:
+                problems += err.problems
+    if problems:
+        raise ConfigError(problems)
+
+
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
     """The plan for every stage, in dependency order."""
     hardware = hardware or Hardware.detect(pipeline.defaults.device_memory)
     edges, _ = references(pipeline.stages)
     names, _ = order(edges)
     stages = {name: plan_stage(pipeline, name, edges[name], hardware) for name in names}
+    check_backends(stages)
     return Plan(pipeline=pipeline, order=tuple(names), edges=edges, stages=stages, hardware=hardware)

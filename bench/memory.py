@@ -217,6 +217,7 @@ def stage_result(name: str, stage: Any, folder: Path, gpu: bool) -> dict[str, An
     largest = max(range(len(ranks)), key=lambda i: sum(per_rank[i][c] for c in probe.MODEL_STATES))
     held = per_rank[largest]
     top = ranks[largest]
+    result["largest_rank"] = largest
     result["measured"] = {**held, "model_states": sum(held[c] for c in probe.MODEL_STATES)}
     result["ratio"] = result["measured"]["model_states"] / result["planned"]["model_states"]
     result["peak_rss"] = max(rank["peak_rss"] for rank in ranks)
@@ -284,6 +285,7 @@ def main() -> int:
     for name in names:
         folder = RUNS / PIPELINE / name
         results[name] = stage_result(name, plan.stages[name], folder, gpu)
+        shutil.rmtree(folder / "model", ignore_errors=True)  # the logs matter, not 240 MB of random weights
         if name in failures:
             results[name]["failed"] = failures[name]
     params = plan.stages[names[0]].memory_by_backend["ddp"].trainable_params

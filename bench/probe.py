@@ -180,7 +180,7 @@ class ModelStateProbe(TrainerCallback):
         self.chain: list[Any] = []
         self.bucket_bytes = 0
         self.steps: list[dict[str, Any]] = []
-        self.sweep: dict[str, Any] = {}
+        self.first_step: dict[str, Any] = {}
         self.step_seconds: list[float] = []
         self.step_started = 0.0
 
@@ -223,9 +223,9 @@ class ModelStateProbe(TrainerCallback):
         if torch.cuda.is_available():
             record["cuda_allocated"] = torch.cuda.memory_allocated()
         if not self.steps:
-            self.sweep = sweep_live_tensors(owners)
+            self.first_step = {**sweep_live_tensors(owners), "param_view_bytes": view_bytes(self.model)}
             for holder in deepspeed_holders(self.chain):
-                self.sweep["zero_attributes"] = zero_attribute_bytes(holder)
+                self.first_step["zero_attributes"] = zero_attribute_bytes(holder)
         self.steps.append(record)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -243,7 +243,7 @@ class ModelStateProbe(TrainerCallback):
             "rss_at_peak": peak.get("rss"),
             "peak_rss": peak_rss(),
             "step_seconds": self.step_seconds,
-            **self.sweep,
+            **self.first_step,
         }
         if torch.cuda.is_available():
             facts.update(
@@ -255,6 +255,15 @@ class ModelStateProbe(TrainerCallback):
 def model_state_total(per_device: dict[str, dict[str, int]]) -> int:
     """Parameters, gradients, optimizer states and master copies, over all devices."""
     return sum(per_device[device][category] for device in per_device for category in MODEL_STATES)
+
+
+def view_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the parameters as the rank sees them (local shards), whatever storage they sit in.
+
+    Less than the parameters' storage bytes when a shard is a view into a larger buffer that stays
+    alive (a padded flat buffer, or the full tensor a shard was cut from).
+    """
+    return sum(local_tensor(p).numel() * local_tensor(p).element_size() for p in model.parameters())
 
 
 def zero_attribute_bytes(zero: Any) -> dict[str, int]:

@@ -19,7 +19,15 @@ from align.backends import fsdp
 from align.errors import ConfigError
 from align.plan import Hardware, build
 from align.spec import FSDPSpec, load
-from pipelines import PREF_DATA, placement_reports, run, stage, stage_folder, stage_record, write_pipeline
+from tests.pipelines import (
+    PREF_DATA,
+    placement_reports,
+    run,
+    stage,
+    stage_folder,
+    stage_record,
+    write_pipeline,
+)
 
 CPU = Hardware(accelerator=False, device_memory=80 * 2**30)
 CONSTANT_LR = {"lr_scheduler_type": "constant"}
@@ -64,7 +72,7 @@ def assert_trained_sharded(reports: list[dict]) -> None:
         assert facts["optimizer_state_elements_local"] == 2 * facts["param_elements_local"], facts
 
 
-# ---- unit tests -----------------------------------------------------------------------------------
+# ---- unit tests ----------------------------------------------------------------------------------------
 
 
 def test_verify_refuses_an_unsharded_model():
@@ -87,19 +95,25 @@ def test_verify_refuses_an_unsharded_model():
     assert f"this rank holds {total:,} (0 DTensor parameters)" in str(refused.value)
 
 
-def test_what_fsdp_cannot_do_is_refused_with_the_yaml_path(tmp_path):
-    lora = stage_plan(tmp_path, lora={"r": 4})
-    with pytest.raises(ConfigError) as refused:
-        fsdp.trainer_args(lora)
-    assert "stages.sft.backend" in str(refused.value) and "backend: zero2" in str(refused.value)
+@pytest.mark.parametrize(
+    ("fields", "defaults", "path"),
+    [
+        ({"lora": {"r": 4}}, {}, "stages.sft.backend: fsdp trains full parameters"),
+        ({}, {"workers": 1}, "stages.sft.workers"),
+        ({"trl": {"resume_from_checkpoint": "/nonexistent"}}, {}, "stages.sft.trl.resume_from_checkpoint"),
+    ],
+)
+def test_what_fsdp_cannot_do_is_refused_at_plan_time_with_the_yaml_path(
+    tmp_path, capsys, fields, defaults, path
+):
+    """Refused by `align validate`/`plan` before Ray starts, not minutes later inside a worker."""
+    from align.cli import main
 
-    single = build(load(fsdp_pipeline(tmp_path, "one", {"sft": stage("sft")}, workers=1)), CPU).stages["sft"]
-    with pytest.raises(ConfigError, match="stages.sft.workers"):
-        fsdp.model_kwargs(single)
-
-    plain_checkpoint = stage_plan(tmp_path, trl={"resume_from_checkpoint": str(tmp_path)})
-    with pytest.raises(ConfigError, match="stages.sft.trl.resume_from_checkpoint: .* has no fsdp_state/"):
-        fsdp.trainer_args(plain_checkpoint)
+    pipeline = fsdp_pipeline(tmp_path, "refused", {"sft": stage("sft", **fields)}, **defaults)
+    with pytest.raises(ConfigError, match=path.replace(".", r"\.")):
+        build(load(pipeline), CPU)
+    assert main(["validate", str(pipeline)]) == 2
+    assert path in capsys.readouterr().err
 
 
 def test_settings_follow_the_stage(tmp_path):
@@ -121,7 +135,7 @@ def test_preset_documents_the_defaults():
     assert FSDPSpec.model_validate(preset["fsdp"]) == FSDPSpec()
 
 
-# ---- the settings on the live FSDP2 units (2 processes, no Ray) ---------------------------------------
+# ---- the settings on the live FSDP2 units (2 processes, no Ray) ----------------------------------------
 
 
 def free_port() -> int:
@@ -209,43 +223,34 @@ def test_prepare_applies_reshard_prefetch_precision_and_checkpointing(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sft_runs(tmp_path_factory) -> Path:
-    """Run A (8 steps), B1 (the same stopped at 4, checkpointed) and B2 (resumed from B1 to 8).
-
-    Stages that read no other stage's output run in file order, so b1 is published before b2 starts.
-    """
+def run_a(tmp_path_factory) -> Path:
+    """Run A: 8 uninterrupted steps (constant learning rate, fp32, fixed seed)."""
     folder = tmp_path_factory.mktemp("fsdp-sft")
-    checkpoint = folder / "runs" / "fsdp-sft" / "b1" / "checkpoints" / "checkpoint-4"
-    stages = {
-        "a": stage("sft", steps=8, trl=CONSTANT_LR),
-        "b1": stage("sft", steps=4, trl={**CONSTANT_LR, "save_strategy": "steps", "save_steps": 4}),
-        "b2": stage("sft", steps=8, trl={**CONSTANT_LR, "resume_from_checkpoint": str(checkpoint)}),
-    }
-    path = fsdp_pipeline(folder, "fsdp-sft", stages)
+    path = fsdp_pipeline(folder, "fsdp-sft", {"a": stage("sft", steps=8, trl=CONSTANT_LR)})
     run(path)
     return path
 
 
 @pytest.mark.integration
-def test_sft_shards_every_rank_and_loss_falls(sft_runs):
-    assert_trained_sharded(placement_reports(sft_runs, "a"))
-    losses = list(metrics_by_step(sft_runs, "a").values())
+def test_sft_shards_every_rank_and_loss_falls(run_a):
+    assert_trained_sharded(placement_reports(run_a, "a"))
+    losses = list(metrics_by_step(run_a, "a").values())
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.2, losses
-    metrics = stage_record(sft_runs, "a")["metrics"]
+    metrics = stage_record(run_a, "a")["metrics"]
     assert metrics["eval_loss_after"] < metrics["eval_loss_before"]
 
 
 @pytest.mark.integration
-def test_saved_model_is_whole_and_loads_in_plain_transformers(sft_runs):
+def test_saved_model_is_whole_and_loads_in_plain_transformers(run_a):
     from transformers import AutoModelForCausalLM
 
     from align.models import resolve_model
 
-    saved = stage_folder(sft_runs, "a") / "model"
+    saved = stage_folder(run_a, "a") / "model"
     assert (saved / "model.safetensors").is_file()
     assert "distributed_config" not in json.loads((saved / "config.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(saved)
-    total = placement_reports(sft_runs, "a")[0]["param_elements_total"]
+    total = placement_reports(run_a, "a")[0]["param_elements_total"]
     assert sum(p.numel() for p in model.parameters()) == total
     base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"))
     for (name, trained), initial in zip(model.named_parameters(), base.parameters(), strict=True):
@@ -256,12 +261,25 @@ def test_saved_model_is_whole_and_loads_in_plain_transformers(sft_runs):
 
 
 @pytest.mark.integration
-def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(sft_runs):
+def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(run_a, tmp_path):
+    """B1 is A stopped at step 4 with a checkpoint; B2 resumes it to step 8. Together they match A.
+
+    b2 names b1's checkpoint folder, not its output, so only the file orders them: stages that read no
+    other stage's output run in file order, and b1 is published before b2 starts.
+    """
     from torch.distributed.checkpoint import FileSystemReader
 
-    uninterrupted = metrics_by_step(sft_runs, "a")
-    first_half = metrics_by_step(sft_runs, "b1")
-    second_half = {step: loss for step, loss in metrics_by_step(sft_runs, "b2").items() if step > 4}
+    checkpoint = tmp_path / "runs" / "fsdp-resume" / "b1" / "checkpoints" / "checkpoint-4"
+    stages = {
+        "b1": stage("sft", steps=4, trl={**CONSTANT_LR, "save_strategy": "steps", "save_steps": 4}),
+        "b2": stage("sft", steps=8, trl={**CONSTANT_LR, "resume_from_checkpoint": str(checkpoint)}),
+    }
+    path = fsdp_pipeline(tmp_path, "fsdp-resume", stages)
+    run(path)
+
+    uninterrupted = metrics_by_step(run_a, "a")
+    first_half = metrics_by_step(path, "b1")
+    second_half = {step: loss for step, loss in metrics_by_step(path, "b2").items() if step > 4}
     assert sorted(first_half) == [1, 2, 3, 4] and sorted(second_half) == [5, 6, 7, 8]
     resumed = [{**first_half, **second_half}[step] for step in range(1, 9)]
     expected = [uninterrupted[step] for step in range(1, 9)]
@@ -269,7 +287,6 @@ def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(sft_runs
 
     # The checkpoint holds the sharded optimizer: one DCP file per rank, each Adam moment in 2 chunks.
     # HF's own rank-0 optimizer.pt/scheduler.pt are not written (save_only_model), so nothing competes.
-    checkpoint = stage_folder(sft_runs, "b1") / "checkpoints" / "checkpoint-4"
     assert {"model.safetensors", "trainer_state.json", "fsdp_state"} <= {p.name for p in checkpoint.iterdir()}
     assert not (checkpoint / "optimizer.pt").exists() and not (checkpoint / "scheduler.pt").exists()
     shards = sorted(p.name for p in (checkpoint / "fsdp_state").glob("*.distcp"))
@@ -281,7 +298,7 @@ def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(sft_runs
     assert "scheduler.last_epoch" in stored
 
 
-# ---- DPO through the CLI: policy and frozen reference both sharded ---------------------------------------
+# ---- DPO through the CLI: policy and frozen reference both sharded -------------------------------------
 
 
 @pytest.mark.integration
@@ -301,7 +318,7 @@ def test_dpo_shards_the_policy_and_the_reference(tmp_path):
     assert "preference_accuracy_after" in record["metrics"]
 
 
-# ---- the same on GPUs (NCCL) ------------------------------------------------------------------------
+# ---- the same on GPUs (NCCL) ---------------------------------------------------------------------------
 
 
 @pytest.mark.integration

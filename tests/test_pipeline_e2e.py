@@ -4,6 +4,7 @@ One run is shared by the tests below (about 90 s on 2 cores); reruns check skipp
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,14 +26,12 @@ def align_run(output_root: Path, *extra: str) -> str:
     return done.stdout
 
 
+EVENT = re.compile(r"^\[([A-Za-z_][\w-]*)\] (running|skipped)\b")
+
+
 def status_lines(output: str) -> dict[str, str]:
     """Stage -> 'skipped' or 'running', from the controller's event lines."""
-    found = {}
-    for line in output.splitlines():
-        if line.startswith("[") and "] " in line:
-            stage, event = line[1:].split("] ", 1)
-            found.setdefault(stage, event.split(" ")[0].rstrip(":"))
-    return found
+    return dict(match.groups() for match in map(EVENT.match, output.splitlines()) if match)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,11 @@ def test_stage_folders_hold_exactly_the_expected_files(demo_run):
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {
         p.name for p in (folder / "dpo/adapter").iterdir()
     }
-    assert sorted(p.name for p in (folder / "sft/logs").iterdir()) == ["metrics.jsonl"]
+    for trained in ("sft", "dpo"):
+        assert sorted(p.name for p in (folder / trained / "logs").iterdir()) == [
+            "metrics.jsonl",
+            "placement-rank0.json",
+        ]
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != ".ray"]
 
 

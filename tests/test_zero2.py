@@ -16,7 +16,7 @@ from align.backends.report import ShardingReport
 from align.errors import ConfigError
 from align.plan import Hardware, StagePlan, build
 from align.spec import Pipeline
-from pipelines import PREF_DATA, placement_reports, run, stage, stage_record, write_pipeline
+from tests.pipelines import PREF_DATA, placement_reports, run, stage, stage_record, write_pipeline
 
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 CPU_HOST = Hardware(accelerator=False, device_memory=80 * 2**30)

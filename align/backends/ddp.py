@@ -13,6 +13,10 @@ def trainer_args(plan: Any) -> dict[str, Any]:
     return {"ddp_find_unused_parameters": False} if plan.workers > 1 else {}
 
 
+def check_supported(plan: Any) -> None:
+    """Every stage a pipeline can express runs under this backend."""
+
+
 def model_kwargs(plan: Any) -> dict[str, Any]:
     """Models load whole on each rank."""
     return {}

@@ -83,6 +83,10 @@ def trainer_args(plan: Any) -> dict[str, Any]:
     return {"deepspeed": deepspeed_config(plan)}
 
 
+def check_supported(plan: Any) -> None:
+    """Every stage a pipeline can express runs under this backend."""
+
+
 def model_kwargs(plan: Any) -> dict[str, Any]:
     """ZeRO-2 keeps whole weights on every rank, so models load as usual."""
     return {}

@@ -59,12 +59,9 @@ class StageResult:
 
 def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
     """The input model with its earlier adapters merged in, loaded the way the backend asks."""
-    model = load_causal_lm(
-        ctx.model_input.base,
-        dtype=ctx.dtype,
-        quantize_4bit=quantize_4bit,
-        **ctx.backend.model_kwargs(ctx.plan),
-    )
+    # a backend may override the dtype (FSDP keeps fp32 shards and computes in bf16)
+    kwargs = {"dtype": ctx.dtype, **ctx.backend.model_kwargs(ctx.plan)}
+    model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
     if ctx.model_input.adapters:
         from peft import PeftModel
 
