@@ -1,17 +1,23 @@
 """The memory plan: per-rank bytes of each stage under each backend, by arithmetic alone.
 
-Model states follow the ZeRO paper (Rajbhandari et al. 2020) for mixed-precision Adam with Ψ
-trainable parameters: 16-bit params 2Ψ, 16-bit grads 2Ψ, fp32 Adam moments 8Ψ and an fp32 master
-copy 4Ψ, so DDP holds 16Ψ per rank, ZeRO-2 2Ψ + 14Ψ/N and full sharding (FSDP, ZeRO-3) 16Ψ/N.
-For 13B that is 26 + 26 + 104 + 52 = 208 GB under DDP.
+Model states for mixed-precision Adam with Ψ trainable parameters, as the ZeRO paper counts them
+(Rajbhandari et al. 2020): 16-bit params 2Ψ, 16-bit grads 2Ψ, fp32 Adam moments 8Ψ and an fp32
+master copy 4Ψ. DDP holds 16Ψ per rank, for 13B 26 + 26 + 104 + 52 = 208 GB; full sharding (FSDP,
+ZeRO-3) holds 16Ψ/N. DDP's gradient buckets, a further copy of every gradient (2Ψ, 4Ψ in fp32)
+unless `gradient_as_bucket_view` is set, are communication buffers and not counted here.
 
-DeepSpeed's `estimate_zero2_model_states_mem_needs(13e9, cpu_offload=False)` says 260 GB on one
-GPU, 2Ψ + 18Ψ/N (20 bytes/param at N=1): it also counts the fp32 copy of the gradient partition
-that lives while the optimizer steps. That peak is not counted here; the benchmark measures which
-figure is right.
+ZeRO-2 has three figures:
+- the paper: 2Ψ + 14Ψ/N, one gradient partition and the master copy sharded with the moments;
+- DeepSpeed's `estimate_zero2_model_states_mem_needs`: 2Ψ + 18Ψ/N (260 GB for 13B on one GPU),
+  which adds the fp32 copy of the gradient partition the optimizer steps;
+- measured (`make bench`, fp32, N = 2): 4Ψ + 20Ψ/N, the same terms at fp32 widths, because
+  DeepSpeed keeps its fp32 master partition even when the weights are already fp32.
+Measurement sided with DeepSpeed, so the plan counts width·Ψ + (width + 4)Ψ/N + 8Ψ/N + 4Ψ/N.
+ZeRO-Offload keeps width·Ψ on the device and 16Ψ/N on the host (fp32 gradient partition, moments,
+master), also measured.
 
-FSDP2 stores the same 16Ψ/N differently (fp32 sharded params 4Ψ/N and fp32 grads 4Ψ/N, no
-separate master); the split below keeps the paper's columns and the total.
+FSDP2 stores its 16Ψ/N differently (fp32 sharded params 4Ψ/N and fp32 grads 4Ψ/N, no separate
+master); the split below keeps the paper's columns and the total.
 """
 
 from __future__ import annotations
@@ -277,12 +283,16 @@ def format_bytes(num_bytes: int, *, binary: bool = False) -> str:
 
 
 def measured_model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes this rank really holds for params, grads, optimizer state and master copies.
+    """Bytes of the storages behind this rank's params, grads, optimizer states and master copies.
 
-    DTensor (FSDP2) tensors count their local shard. A master copy is any tensor the optimizer
-    steps that is not a model parameter (DeepSpeed's fp32 partitions); its gradient counts as a
-    gradient. 0-d tensors such as Adam's `step` are bookkeeping, not state, and are skipped.
-    bitsandbytes 4-bit weights count their packed bytes, not their quantization constants.
+    Memory is held by storages, not by tensors: each storage counts once, at its full size, under the
+    first of params, master, optimizer, grads that reaches it. So views of one flat buffer cost the
+    buffer (padding included), and a shard cut as a view of a whole tensor costs the whole tensor.
+    A DTensor (FSDP2) counts its local shard's storage. A master copy is any tensor the optimizer steps
+    that is not a model parameter; its gradient counts as a gradient. 0-d tensors (Adam's `step`) are
+    bookkeeping and skipped. Only what the model and the optimizer expose is seen: DeepSpeed's own
+    gradient buffers (p.grad is None under ZeRO) and DDP's buckets are not; `bench/probe.py` finds those.
+    bitsandbytes 4-bit weights count their packed storage, not their quantization constants.
     """
     import torch
 
@@ -296,18 +306,30 @@ def measured_model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Op
         if isinstance(value, torch.Tensor) and value.dim() > 0
     ]
     grads = [p.grad for p in (*params, *master) if p.grad is not None]
+    seen: set[tuple[str, int]] = set()
     measured = {
-        "params": sum(map(_local_bytes, params)),
-        "grads": sum(map(_local_bytes, grads)),
-        "optimizer": sum(map(_local_bytes, states)),
-        "master": sum(map(_local_bytes, master)),
+        category: _storage_bytes(tensors, seen)
+        for category, tensors in (
+            ("params", params),
+            ("master", master),
+            ("optimizer", states),
+            ("grads", grads),
+        )
     }
     return {**measured, "total": sum(measured.values())}
 
 
-def _local_bytes(tensor: torch.Tensor) -> int:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.numel() * local.element_size()
+def _storage_bytes(tensors: list[torch.Tensor], seen: set[tuple[str, int]]) -> int:
+    """Bytes of the storages behind `tensors` that are not in `seen` yet; adds them to `seen`."""
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        storage = local.untyped_storage()
+        key = (local.device.type, storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
 
 
 def _check_backend(backend: str, world_size: int, offload_optimizer: bool, offload_params: bool) -> None:
@@ -332,7 +354,10 @@ def _trainable_params(model: Architecture | int, workload: Workload) -> int:
 
 
 def _model_states(trainable: int, dtype: str) -> StateBytes:
-    """One unsharded replica. Pure fp32 keeps params and grads in fp32 and needs no master copy."""
+    """One unsharded replica. Pure fp32 keeps params and grads in fp32 and needs no master copy.
+
+    DeepSpeed keeps one anyway: ZeRO-2's fp32 partition is added in `_zero2`.
+    """
     width = DTYPE_BYTES[dtype]
     master = 0 if dtype == "fp32" else 4 * trainable
     return StateBytes(width * trainable, width * trainable, optimizer=8 * trainable, master=master)
@@ -359,19 +384,34 @@ def _place_policy(
     params = states.params + base
     if backend == "ddp":
         return replace(states, params=params), StateBytes()
-    rest = StateBytes(0, _shard(states.grads, n), _shard(states.optimizer, n), _shard(states.master, n))
-    if backend == "zero2" and offload_optimizer:
-        # ZeRO-Offload reduces each gradient partition into an fp32 buffer on the host (4Ψ/N).
-        return StateBytes(params=params), replace(rest, grads=_shard(states.optimizer // 2, n))
     if backend == "zero2":
-        return replace(rest, params=params), StateBytes()
-    sharded = replace(rest, params=_shard(params, n))
+        return _zero2(states, params, n, offload_optimizer)
+    sharded = StateBytes(
+        _shard(params, n), _shard(states.grads, n), _shard(states.optimizer, n), _shard(states.master, n)
+    )
     if offload_params:
         return StateBytes(), sharded
     if offload_optimizer:
         host = StateBytes(optimizer=sharded.optimizer, master=sharded.master)
         return replace(sharded, optimizer=0, master=0), host
     return sharded, StateBytes()
+
+
+def _zero2(states: StateBytes, params: int, n: int, offload_optimizer: bool) -> tuple[StateBytes, StateBytes]:
+    """(device, host) per rank under ZeRO-2 as DeepSpeed runs it: weights replicated, the rest partitioned.
+
+    DeepSpeed steps an fp32 partition of the weights (master 4Ψ/N) whatever the training dtype, and at
+    the step holds the reduced gradient partition (width·Ψ/N) beside the fp32 copy the optimizer
+    steps (4Ψ/N). ZeRO-Offload reduces straight into that fp32 copy on the host, with the moments and
+    the master, so only the weights stay on the device.
+    """
+    fp32_partition = _shard(states.optimizer // 2, n)  # 4Ψ/N: Adam's two fp32 moments are 8Ψ
+    optimizer = _shard(states.optimizer, n)
+    if offload_optimizer:
+        host = StateBytes(grads=fp32_partition, optimizer=optimizer, master=fp32_partition)
+        return StateBytes(params=params), host
+    grads = _shard(states.grads, n) + fp32_partition
+    return StateBytes(params, grads, optimizer, master=fp32_partition), StateBytes()
 
 
 def _frozen_models_bytes(models: tuple[FrozenModel, ...], backend: str, n: int) -> tuple[int, int]:

@@ -31,6 +31,7 @@ def trajectory(folder, label: str) -> list[float]:
         workers=workers,
     )
     sft["data"] = {"train": SFT_DATA["train"], "max_train_rows": 256}
+    (folder / label).mkdir()
     path = write_pipeline(folder / label, f"equivalence-{label}", {"sft": sft}, precision="fp32", seed=0)
     run(path)
     return losses(path, "sft")

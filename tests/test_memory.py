@@ -47,11 +47,29 @@ def test_13b_ddp_holds_16_bytes_per_param() -> None:
     assert plan.host.total == 0
 
 
-def test_13b_zero2_shards_all_but_the_16bit_params() -> None:
+def test_13b_zero2_shards_all_but_the_16bit_params_as_deepspeed_counts() -> None:
+    """2Ψ + 18Ψ/N, DeepSpeed's own estimate: the paper's 2Ψ + 14Ψ/N misses the fp32 gradient partition."""
     plan = estimate(PSI, MIXED, backend="zero2", world_size=8)
 
-    assert plan.device.params == 2 * PSI
-    assert plan.total == 2 * PSI + 14 * PSI // 8 == 48_750_000_000
+    assert plan.device == StateBytes(
+        params=2 * PSI, grads=(2 + 4) * PSI // 8, optimizer=8 * PSI // 8, master=4 * PSI // 8
+    )
+    assert plan.total == 2 * PSI + 18 * PSI // 8 == 55_250_000_000
+
+
+def test_13b_zero2_on_one_gpu_is_deepspeeds_260gb() -> None:
+    """`estimate_zero2_model_states_mem_needs(13e9, num_gpus_per_node=1)`: 20 bytes/param."""
+    assert estimate(PSI, MIXED, backend="zero2", world_size=1).total == 260 * GB
+
+
+def test_zero2_in_fp32_still_keeps_deepspeeds_fp32_partition() -> None:
+    """Measured by `make bench` (fp32, N = 2): 4Ψ + 20Ψ/N, 14 bytes/param, master partition included."""
+    plan = estimate(PSI, Workload(dtype="fp32"), backend="zero2", world_size=2)
+
+    assert plan.device == StateBytes(
+        params=4 * PSI, grads=(4 + 4) * PSI // 2, optimizer=8 * PSI // 2, master=4 * PSI // 2
+    )
+    assert plan.total == 14 * PSI
 
 
 def test_13b_fsdp_shards_everything() -> None:
@@ -67,6 +85,14 @@ def test_zero2_offload_keeps_only_16bit_params_on_device() -> None:
     assert plan.host == StateBytes(grads=4 * PSI // 8, optimizer=8 * PSI // 8, master=4 * PSI // 8)
 
 
+def test_zero2_offload_in_fp32_keeps_the_master_partition_on_the_host() -> None:
+    """Measured by `make bench` (fp32, N = 2): 4Ψ on the device, 16Ψ/N on the host."""
+    plan = estimate(PSI, Workload(dtype="fp32"), backend="zero2", world_size=2, offload_optimizer=True)
+
+    assert plan.device == StateBytes(params=4 * PSI)
+    assert plan.host == StateBytes(grads=4 * PSI // 2, optimizer=8 * PSI // 2, master=4 * PSI // 2)
+
+
 def test_fsdp_offload() -> None:
     params_offloaded = estimate(PSI, MIXED, backend="fsdp", world_size=8, offload_params=True)
     optimizer_offloaded = estimate(PSI, MIXED, backend="fsdp", world_size=8, offload_optimizer=True)
@@ -77,10 +103,15 @@ def test_fsdp_offload() -> None:
     assert optimizer_offloaded.host == StateBytes(optimizer=8 * PSI // 8, master=4 * PSI // 8)
 
 
-def test_fp32_has_no_master_copy() -> None:
-    plan = estimate(PSI, Workload(dtype="fp32"), backend="ddp", world_size=1)
+def test_fp32_has_no_master_copy_under_ddp_and_fsdp() -> None:
+    fp32 = Workload(dtype="fp32")
 
-    assert plan.device == StateBytes(params=4 * PSI, grads=4 * PSI, optimizer=8 * PSI)
+    assert estimate(PSI, fp32, backend="ddp", world_size=1).device == StateBytes(
+        params=4 * PSI, grads=4 * PSI, optimizer=8 * PSI
+    )
+    assert estimate(PSI, fp32, backend="fsdp", world_size=2).device == StateBytes(
+        params=2 * PSI, grads=2 * PSI, optimizer=4 * PSI
+    )
 
 
 @pytest.mark.parametrize(
@@ -217,7 +248,7 @@ def test_auto_picks_fsdp_for_70b_full_on_8x80gb_and_says_it_does_not_fit() -> No
     )
 
     assert backend == "fsdp"
-    assert reason.startswith("full-parameter 70.6B does not fit: ZeRO-2 needs 265 GB/rank; ")
+    assert reason.startswith("full-parameter 70.6B does not fit: ZeRO-2 needs 300 GB/rank; ")
     assert "FSDP needs 141 GB/rank, 69.1 GB over 72.0 GB usable" in reason
 
 
@@ -225,8 +256,8 @@ def test_auto_picks_fsdp_for_70b_full_on_8x80gb_and_says_it_does_not_fit() -> No
     ("model", "world_size", "expected", "needs"),
     [
         ("llama3-70b", 64, "fsdp", "FSDP needs 17.6 GB/rank"),
-        ("llama2-13b", 8, "fsdp", "ZeRO-2 fits (48.8 GB/rank) but copies all 26.0 GB of weights"),
-        ("llama3-8b", 8, "zero2", "ZeRO-2 needs 30.1 GB/rank"),
+        ("llama2-13b", 8, "fsdp", "ZeRO-2 fits (55.3 GB/rank) but copies all 26.0 GB of weights"),
+        ("llama3-8b", 8, "zero2", "ZeRO-2 needs 34.1 GB/rank"),
     ],
 )
 def test_auto_full_parameter(model: str, world_size: int, expected: str, needs: str) -> None:
@@ -294,6 +325,21 @@ def test_measured_fp32_adamw_step_equals_the_ddp_estimate() -> None:
     assert plan.device == StateBytes(params=4 * psi, grads=4 * psi, optimizer=8 * psi)
 
 
+def test_measured_bytes_count_each_storage_once_at_its_full_size() -> None:
+    """Views of a padded flat buffer (ZeRO) cost the buffer; a shard cut as a view costs its whole tensor."""
+    flat = torch.zeros(100)
+    model = torch.nn.Module()
+    model.first = torch.nn.Parameter(flat[:40])
+    model.second = torch.nn.Parameter(flat[40:90])  # 10 elements of padding after it
+    model.shard = torch.nn.Parameter(torch.zeros(8, 4)[4:])  # half of an 8 x 4 tensor that stays alive
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    measured = measured_model_state_bytes(model, optimizer)
+
+    assert measured["params"] == (100 + 8 * 4) * 4
+    assert measured["total"] == measured["params"]
+
+
 def _fsdp2_worker(rank: int, world_size: int, port: int, results: dict) -> None:
     """One rank of raw FSDP2 on gloo: shard each decoder layer and the root, take one AdamW step."""
     import torch.distributed as dist
@@ -319,7 +365,11 @@ def _fsdp2_worker(rank: int, world_size: int, port: int, results: dict) -> None:
 
 @pytest.mark.integration
 def test_measured_fsdp2_local_shards_equal_the_fsdp_estimate() -> None:
-    """DTensor parameters count their local shard: each of 2 ranks holds 16Ψ/2 in fp32."""
+    """Each of 2 ranks holds 16Ψ/2 in fp32, storages included.
+
+    fully_shard copies each rank's shard of a parameter into a tensor of its own, and the gradient
+    shards are views of one reduce-scatter buffer, counted once.
+    """
     import socket
 
     import torch.multiprocessing as mp

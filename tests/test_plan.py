@@ -31,7 +31,9 @@ def test_13b_shows_the_textbook_figures_and_the_master_copy(capsys):
     zero2 = stage.memory_by_backend["zero2"].device.model_states
     fsdp = stage.memory_by_backend["fsdp"].device.model_states
     psi = 13_015_864_320
-    assert zero2 == pytest.approx(2 * psi + 14 * psi / 8, rel=1e-6)
+    # DeepSpeed's own estimate, not the paper's 2Ψ + 14Ψ/N: at the step it holds the fp32 copy of the
+    # gradient partition (4Ψ/N) beside the 16-bit one; `make bench` measured it (align/memory.py).
+    assert zero2 == pytest.approx(2 * psi + 18 * psi / 8, rel=1e-6)
     assert fsdp == pytest.approx(16 * psi / 8, rel=1e-6)
     out = plan_output(capsys, "tests/plans/llama2_13b_full.yaml", "--device-memory", "80GB")
     for figure in ("26.0 GB", "104 GB", "52.1 GB", "208 GB"):
