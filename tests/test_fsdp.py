@@ -64,6 +64,11 @@ def assert_sharded(facts: dict) -> None:
     assert facts["param_elements_local"] == pytest.approx(facts["param_elements_total"] / 2, rel=0.02), facts
 
 
+def assert_memory_sharded(model: dict) -> None:
+    """Half of the parameter bytes on each of 2 ranks, counted in the storages behind the shards."""
+    assert model["param_storage_bytes"] == pytest.approx(model["param_bytes_total"] / 2, rel=0.02), model
+
+
 def assert_trained_sharded(reports: list[dict]) -> None:
     """Both ranks hold half the parameters and half the AdamW states (two moments per local element)."""
     assert [r["rank"] for r in reports] == [0, 1]
@@ -166,8 +171,18 @@ def unit_facts(model: torch.nn.Module) -> dict:
     }
 
 
+def shards_as_views(model: torch.nn.Module) -> None:
+    """Make every shard a view into a live tensor twice its size: half the elements, all the bytes."""
+    for param in model.parameters():
+        local = param._local_tensor
+        param._local_tensor = torch.cat([local, local])[: local.size(0)]
+
+
 def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
-    """One rank: load the tiny model as each plan says, prepare it, and record what its units do."""
+    """One rank: load the tiny model as each plan says, prepare it, and record what its units do and hold.
+
+    Last, `verify` meets shards that are views of whole tensors, as transformers loads them on CPU.
+    """
     import torch.distributed as dist
 
     from align.models import load_causal_lm, resolve_model
@@ -178,8 +193,15 @@ def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
     dist.init_process_group("gloo")
     facts = {}
     for name, plan in plans.items():
-        model = load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plan))
-        facts[name] = unit_facts(fsdp.prepare(model, plan))
+        model = fsdp.prepare(load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plan)), plan)
+        facts[name] = unit_facts(model)
+        facts[f"{name} bytes"] = fsdp.held_storage_bytes(model)  # after a step: FSDP2 lazily initialised
+    viewed = load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plans["off"]))
+    shards_as_views(viewed)
+    try:
+        fsdp.verify(viewed, plans["off"])
+    except RuntimeError as refused:
+        facts["refused"] = str(refused)
     Path(out, f"rank{rank}.json").write_text(json.dumps(facts))
     dist.destroy_process_group()
 
@@ -217,6 +239,11 @@ def test_prepare_applies_reshard_prefetch_precision_and_checkpointing(tmp_path):
             "sharded_after_forward": False,
             "forward_prefetch": 0,
         }
+        # The storages behind the shards hold half the parameter bytes: each shard owns its memory.
+        for name in ("on bytes", "off bytes"):
+            storage, total = facts[name]
+            assert storage == pytest.approx(total / 2, rel=0.02), (name, storage, total)
+        assert "the shards are views of larger tensors that stay alive" in facts["refused"]
 
 
 # ---- SFT through the CLI: sharding, the saved model, and resume ----------------------------------------
@@ -234,6 +261,8 @@ def run_a(tmp_path_factory) -> Path:
 @pytest.mark.integration
 def test_sft_shards_every_rank_and_loss_falls(run_a):
     assert_trained_sharded(placement_reports(run_a, "a"))
+    for report in fsdp_reports(run_a, "a"):
+        assert_memory_sharded(report["models"][0])
     losses = list(metrics_by_step(run_a, "a").values())
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.2, losses
     metrics = stage_record(run_a, "a")["metrics"]
@@ -312,6 +341,7 @@ def test_dpo_shards_the_policy_and_the_reference(tmp_path):
         assert sorted(model["trainable"] for model in report["models"]) == [False, True]  # reference, policy
         for model in report["models"]:
             assert_sharded(model)
+            assert_memory_sharded(model)
     record = stage_record(path, "dpo")
     assert record["status"] == "succeeded"
     assert len(metrics_by_step(path, "dpo")) == 4

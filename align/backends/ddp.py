@@ -10,7 +10,7 @@ from align.backends.report import ShardingReport
 
 def trainer_args(plan: Any) -> dict[str, Any]:
     """DDP needs no extra trainer settings beyond telling it every parameter is used."""
-    return {"ddp_find_unused_parameters": False} if plan.workers > 1 else {}
+    return {"ddp_find_unused_parameters": False}
 
 
 def check_supported(plan: Any) -> None:

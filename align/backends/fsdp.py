@@ -124,11 +124,13 @@ def decoder_layers(model: torch.nn.Module) -> list[FSDPModule]:
 
 
 def prepare(model: Any, plan: Any) -> Any:
-    """Apply the stage's reshard, prefetch and activation-checkpointing settings, then prove the sharding.
+    """Give each shard its own memory, apply the stage's reshard, prefetch and activation-checkpointing
+    settings, then prove the sharding.
 
     Resharding is set on every unit, the root included: transformers keeps the root and the head gathered
     after forward, which a frozen DPO reference (no backward to reshard it) would then hold for good.
     """
+    own_shard_storage(model)
     spec = plan.stage.fsdp
     model.set_reshard_after_forward(spec.reshard_after_forward)
     if spec.prefetch:
@@ -142,6 +144,27 @@ def prepare(model: Any, plan: Any) -> Any:
     verify(model, plan)
     SHARDED_MODELS.add(model)
     return model
+
+
+def own_shard_storage(model: torch.nn.Module) -> int:
+    """Copy every shard that is a view of a larger tensor into a storage of its own; returns the bytes freed.
+
+    transformers cuts each rank's shard at load as a slice of the whole loaded tensor and moves it with
+    `.to(device, dtype)`, which on CPU in the checkpoint's dtype copies nothing: the shard keeps the whole
+    parameter alive, 1/N of the elements in all of the memory. (On GPU the move copies just the shard,
+    and nothing is done here.) Runs before the first forward, whose FSDP2 lazy init takes each
+    parameter's sharded data from its local tensor, so the copy is what FSDP gathers and the optimizer steps.
+    """
+    freed = 0
+    for param in model.parameters():
+        if not isinstance(param, DTensor):
+            continue
+        local = param._local_tensor  # FSDP2 itself swaps this attribute when it pads a shard
+        held = local.untyped_storage().nbytes()
+        if held > local.numel() * local.element_size():
+            param._local_tensor = local.clone(memory_format=torch.contiguous_format)
+            freed += held - local.numel() * local.element_size()
+    return freed
 
 
 def shard_full_tensors(model: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -165,8 +188,26 @@ def held_elements(model: torch.nn.Module) -> tuple[int, int, int]:
     return local, total, sum(isinstance(p, DTensor) for p in params)
 
 
+def held_storage_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """Bytes of the distinct storages behind this rank's parameters, and the whole model's parameter bytes.
+
+    Elements alone can mislead: a shard that is a view of the whole tensor holds 1/N of the elements and
+    all of the memory.
+    """
+    storages: dict[tuple[str, int], int] = {}
+    total = 0
+    for param in model.parameters():
+        local = param._local_tensor if isinstance(param, DTensor) else param
+        total += global_numel(param) * local.element_size()
+        if local.device.type != "meta":
+            storage = local.untyped_storage()
+            storages[(local.device.type, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values()), total
+
+
 def verify(model: Any, plan: Any) -> None:
-    """Fail loudly unless this rank holds about 1/workers of the parameter elements: never a silent DDP."""
+    """Fail loudly unless this rank holds about 1/workers of the parameters, counted in elements (never a
+    silent DDP) and in the memory behind them (never shards that keep the whole tensors alive)."""
     local, total, dtensors = held_elements(model)
     expected = total / plan.workers
     if abs(local - expected) > SHARD_TOLERANCE * expected:
@@ -174,6 +215,14 @@ def verify(model: Any, plan: Any) -> None:
             f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
             f"{expected:,.0f} of the {total:,} parameter elements, but this rank holds {local:,} "
             f"({dtensors} DTensor parameters): the model is not sharded"
+        )
+    storage, total_bytes = held_storage_bytes(model)
+    expected = total_bytes / plan.workers
+    if abs(storage - expected) > SHARD_TOLERANCE * expected:
+        raise RuntimeError(
+            f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
+            f"{expected:,.0f} bytes of parameter storage ({total_bytes:,} in all), but the storages behind "
+            f"this rank's shards hold {storage:,}: the shards are views of larger tensors that stay alive"
         )
 
 
@@ -226,7 +275,8 @@ class ShardedCheckpoint(TrainerCallback):
 
 
 class ShardedModelsReport(TrainerCallback):
-    """Writes `logs/fsdp-rank{R}.json`: what this rank holds of each model it sharded (policy, reference)."""
+    """Writes `logs/fsdp-rank{R}.json`: what this rank holds of each model it sharded (policy, reference),
+    in elements and in the bytes of the storages behind them."""
 
     def __init__(self, logs_dir: Path) -> None:
         self.logs_dir = logs_dir
@@ -238,10 +288,13 @@ class ShardedModelsReport(TrainerCallback):
         models = []
         for model in SHARDED_MODELS:
             local, total, dtensors = held_elements(model)
+            storage, total_bytes = held_storage_bytes(model)
             models.append(
                 {
                     "param_elements_local": local,
                     "param_elements_total": total,
+                    "param_storage_bytes": storage,
+                    "param_bytes_total": total_bytes,
                     "dtensor_params": dtensors,
                     "trainable": any(p.requires_grad for p in model.parameters()),
                 }
