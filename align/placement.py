@@ -13,6 +13,7 @@ from align.memory import FrozenModel
 REFERENCE_NONE = "none"
 REFERENCE_ADAPTERS_DISABLED = "adapters-disabled"
 REFERENCE_COPY = "frozen-copy"
+REFERENCE_PRECOMPUTED = "precomputed"
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,24 @@ def policy_placement(backend: str, lora: bool, quantize_4bit: bool) -> str:
     return f"{base}, {held}"
 
 
-def plan_placement(kind: str, backend: str, lora: bool, quantize_4bit: bool) -> Placement:
-    """The placement of every model a stage kind uses under one backend."""
+def plan_placement(
+    kind: str, backend: str, lora: bool, quantize_4bit: bool, precompute: bool = False
+) -> Placement:
+    """The placement of every model a stage kind uses under one backend.
+
+    `precompute`: the full-parameter reference is replaced by log-probs computed from the policy
+    before its first step (when it still is the reference), so no copy is kept during training.
+    """
     policy = policy_placement(backend, lora, quantize_4bit)
     if kind != "dpo":
         return Placement(policy, REFERENCE_NONE, {"policy": policy})
     if lora:
         reference, how = REFERENCE_ADAPTERS_DISABLED, "the policy's base with adapters disabled (no copy)"
+    elif precompute and backend != "fsdp":
+        reference, how = (
+            REFERENCE_PRECOMPUTED,
+            "log-probs precomputed from the policy before training (no copy)",
+        )
     elif backend == "fsdp":
         reference, how = REFERENCE_COPY, "frozen copy, sharded like the policy"
     else:

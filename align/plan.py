@@ -12,8 +12,8 @@ from align.architectures import Architecture, architecture_for
 from align.cache import cache_root
 from align.errors import AlignError, ConfigError
 from align.graph import order, reference_target, references
-from align.memory import MemoryEstimate, Workload, choose_backend, estimate, parse_memory
-from align.placement import Placement, frozen_models, plan_placement
+from align.memory import USABLE_FRACTION, MemoryEstimate, Workload, choose_backend, estimate, parse_memory
+from align.placement import REFERENCE_COPY, Placement, frozen_models, plan_placement
 from align.spec import Pipeline, Stage, TrainingStage
 
 DEFAULT_DEVICE_MEMORY = "80GB"
@@ -157,23 +157,20 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     lora = stage.lora if isinstance(stage, TrainingStage) else None
     arch = stage_architecture(pipeline, name)
     trains = isinstance(stage, TrainingStage)
-    draft = plan_placement(stage.kind, "ddp", bool(lora), bool(lora and lora.load_in_4bit))
+    quantized = bool(lora and lora.load_in_4bit)
+    draft = plan_placement(stage.kind, "ddp", bool(lora), quantized)
     work = workload(stage, precision, draft, arch) if arch and trains else None
     backend, reason = choose(stage, pipeline.stage_setting(name, "backend"), workers, arch, hardware, work)
-    placement = plan_placement(stage.kind, backend, bool(lora), bool(lora and lora.load_in_4bit))
-    by_backend: dict[str, MemoryEstimate] = {}
-    if arch and trains:
-        work = workload(stage, precision, placement, arch)
-        for option, offload in (("ddp", False), ("zero2", False), ("zero2+offload", True), ("fsdp", False)):
-            by_backend[option] = estimate(
-                arch,
-                work,
-                backend=option.split("+")[0],
-                world_size=workers,
-                offload_optimizer=offload,
-                offload_params=option == "fsdp" and stage.fsdp.cpu_offload,
-            )
     chosen = "zero2+offload" if backend == "zero2" and offloads_optimizer(stage, backend) else backend
+    asked = bool(trains and stage.trl.get("precompute_ref_log_probs"))
+    placement = plan_placement(stage.kind, backend, bool(lora), quantized, precompute=asked)
+    by_backend = memory_options(stage, arch, placement, precision, workers) if arch and trains else {}
+    usable = hardware.device_memory * USABLE_FRACTION
+    if placement.reference == REFERENCE_COPY and by_backend and by_backend[chosen].total > usable:
+        lean = plan_placement(stage.kind, backend, bool(lora), quantized, precompute=True)
+        lean_memory = memory_options(stage, arch, lean, precision, workers)
+        if lean_memory[chosen].total <= usable:  # the copy is what does not fit: precompute instead
+            placement, by_backend = lean, lean_memory
     return StagePlan(
         name=name,
         kind=stage.kind,
@@ -189,6 +186,24 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         memory=by_backend.get(chosen),
         memory_by_backend=by_backend,
     )
+
+
+def memory_options(
+    stage: Stage, arch: Architecture, placement: Placement, precision: str, workers: int
+) -> dict[str, MemoryEstimate]:
+    """The stage's per-rank memory under each backend option, for the given model placement."""
+    work = workload(stage, precision, placement, arch)
+    return {
+        option: estimate(
+            arch,
+            work,
+            backend=option.split("+")[0],
+            world_size=workers,
+            offload_optimizer=offload,
+            offload_params=option == "fsdp" and stage.fsdp.cpu_offload,
+        )
+        for option, offload in (("ddp", False), ("zero2", False), ("zero2+offload", True), ("fsdp", False))
+    }
 
 
 def offloads_optimizer(stage: Stage, backend: str) -> bool:

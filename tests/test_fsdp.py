@@ -194,8 +194,8 @@ def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
     facts = {}
     for name, plan in plans.items():
         model = fsdp.prepare(load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plan)), plan)
+        facts[f"{name} bytes"] = fsdp.held_storage_bytes(model)
         facts[name] = unit_facts(model)
-        facts[f"{name} bytes"] = fsdp.held_storage_bytes(model)  # after a step: FSDP2 lazily initialised
     viewed = load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plans["off"]))
     shards_as_views(viewed)
     try:

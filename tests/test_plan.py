@@ -77,3 +77,15 @@ def test_full_parameter_dpo_reference_is_a_copy_sharded_under_fsdp():
 def test_a_bad_device_memory_is_a_user_error(capsys):
     assert main(["plan", "pipelines/tiny_sft_dpo_merge.yaml", "--device-memory", "lots"]) == 2
     assert "device memory 'lots'" in capsys.readouterr().err
+
+
+def test_a_full_parameter_reference_that_does_not_fit_is_precomputed_instead():
+    ample = plan_of("tests/plans/llama3_8b_dpo_full.yaml", "1000").stages["dpo"]
+    assert ample.placement.reference == "frozen-copy"
+    frozen = ample.memory.device.frozen
+    assert frozen == pytest.approx(2 * 8_030_261_248, rel=1e-6)  # a bf16 copy on every ZeRO-2 rank
+    tight_gb = int((ample.memory.total - frozen / 2) / 0.9 / GB)  # the policy fits, policy + copy does not
+    tight = plan_of("tests/plans/llama3_8b_dpo_full.yaml", str(tight_gb)).stages["dpo"]
+    assert tight.placement.reference == "precomputed"
+    assert "precomputed" in tight.placement.description["reference"]
+    assert tight.memory.device.frozen == 0 and tight.memory.total == ample.memory.total - frozen

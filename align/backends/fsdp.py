@@ -5,7 +5,9 @@ Mechanism: transformers' own FSDP2. `model_kwargs` asks `from_pretrained` for
 whose parameters are DTensors, and the model reports `is_distributed_loading_by_transformers`. That flag
 is what makes the Trainer skip its DDP wrap and device move, defer gradient reduction under accumulation,
 and gather a full `model.safetensors` in `save_model()`. HF/accelerate's `fsdp=` is not used: on CPU it
-silently becomes DDP. `prepare` then tunes the units through FSDP2's public methods.
+silently becomes DDP. `prepare` then gives each shard its own memory (on CPU transformers leaves it a view
+of the whole loaded tensor), tunes the units through FSDP2's public methods, and `verify` proves that each
+rank holds 1/N of the parameters, in elements and in the bytes behind them.
 
 Checkpoints: the Trainer will not save the optimizer of such a model (it insists on `save_only_model`),
 so `ShardedCheckpoint` writes model, optimizer and scheduler as a torch distributed checkpoint (DCP), one
@@ -124,8 +126,7 @@ def decoder_layers(model: torch.nn.Module) -> list[FSDPModule]:
 
 
 def prepare(model: Any, plan: Any) -> Any:
-    """Give each shard its own memory, apply the stage's reshard, prefetch and activation-checkpointing
-    settings, then prove the sharding.
+    """Give the shards their own memory, apply the stage's FSDP settings, then prove the sharding.
 
     Resharding is set on every unit, the root included: transformers keeps the root and the head gathered
     after forward, which a frozen DPO reference (no backward to reshard it) would then hold for good.
@@ -206,8 +207,11 @@ def held_storage_bytes(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def verify(model: Any, plan: Any) -> None:
-    """Fail loudly unless this rank holds about 1/workers of the parameters, counted in elements (never a
-    silent DDP) and in the memory behind them (never shards that keep the whole tensors alive)."""
+    """Fail loudly unless this rank holds about 1/workers of the parameters, in elements and in bytes.
+
+    Elements catch a silent DDP; the bytes of the storages behind the shards catch shards that keep the
+    whole tensors alive.
+    """
     local, total, dtensors = held_elements(model)
     expected = total / plan.workers
     if abs(local - expected) > SHARD_TOLERANCE * expected:
@@ -275,8 +279,10 @@ class ShardedCheckpoint(TrainerCallback):
 
 
 class ShardedModelsReport(TrainerCallback):
-    """Writes `logs/fsdp-rank{R}.json`: what this rank holds of each model it sharded (policy, reference),
-    in elements and in the bytes of the storages behind them."""
+    """Writes `logs/fsdp-rank{R}.json`: what this rank holds of each model it sharded (policy, reference).
+
+    Elements and the bytes of the storages behind them: a shard can hold 1/N of one and all of the other.
+    """
 
     def __init__(self, logs_dir: Path) -> None:
         self.logs_dir = logs_dir

@@ -2,13 +2,14 @@
 
 The reference model follows the plan's placement: with LoRA it is the policy's base with the
 adapters disabled (TRL does this when `ref_model` is None and the model carries adapters); for
-full parameters it is a frozen copy loaded from the input model's folder.
+full parameters it is a frozen copy loaded from the input model's folder, or, when the plan finds
+that the copy does not fit, log-probs precomputed from the policy before it trains.
 """
 
 from __future__ import annotations
 
 from align.evaluation import preference_scores
-from align.placement import REFERENCE_COPY
+from align.placement import REFERENCE_COPY, REFERENCE_PRECOMPUTED
 from align.stages.context import (
     StageContext,
     StageResult,
@@ -23,7 +24,8 @@ from align.trl_args import build_config
 
 
 def reference_model(ctx: StageContext):
-    """A frozen copy for full-parameter DPO, else None (TRL disables the adapters instead)."""
+    """A frozen copy for full-parameter DPO, else None: TRL then disables the adapters (LoRA) or reads
+    log-probs precomputed from the policy before its first step."""
     if ctx.plan.placement.reference != REFERENCE_COPY:
         return None
     reference = load_stage_model(ctx)
@@ -38,9 +40,10 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     lora = stage.lora
     train, evaluation = stage_data(stage, ctx.plan.name, "dpo")
+    precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
     config = build_config(
         "dpo",
-        stage.trl,
+        {**stage.trl, "precompute_ref_log_probs": precompute} if precompute else stage.trl,
         output_dir=str(ctx.output_dir / "checkpoints"),
         precision=ctx.plan.precision,
         seed=ctx.plan.seed,
