@@ -14,24 +14,20 @@ def mb(num_bytes: int | None) -> str:
 
 
 KNOWN_CAUSES = {
-    ("zero2", "master"): "DeepSpeed clones an fp32 master partition of the weights even when they are "
-    "already fp32 (`single_partition_of_fp32_groups`); the plan counts no master copy in fp32",
-    ("zero2+offload", "master"): "as for zero2: DeepSpeed's fp32 master partition exists in fp32 too",
-    ("zero2", "grads"): "at the step DeepSpeed holds the reduced gradient partition (`averaged_gradients`, "
-    "views of its contiguous buffer) and the flat fp32 copy that the optimizer steps (the '4 grads_32bit' "
-    "of its own estimator); the plan counts one gradient partition",
     ("fsdp", "params"): "each rank's shard is a view into the whole tensor it was cut from at load, so the "
-    "whole parameter stays alive (shard bytes vs storage bytes in the cross-checks)",
+    "whole parameter stays alive (shard bytes vs storage bytes in the cross-checks); "
+    "`fsdp.own_shard_storage` should have copied such shards out",
     ("ddp", "buffers"): "DDP all-reduces a flat bucket copy of every gradient and copies it back into "
     "p.grad (`gradient_as_bucket_view=False`, accelerate's default)",
     ("zero2+offload", "buffers"): "ZeRO-Offload keeps a partition-sized staging copy of the weights "
     "(`param_buffer_of_bit16_for_cpu_offload_groups`) and two gradient copy buffers",
 }
-"""Causes confirmed on the CPU run of 2026-12-02 (bench/README.md); printed only when the category misses."""
+"""Causes confirmed on the CPU run of 2026-12-02 (bench/README.md); printed only when the category misses.
+ZeRO-2's fp32 master partition and fp32 gradient copy, its first misses, are in the plan now."""
 
 
 def per_param(num_bytes: int, params: int) -> str:
-    """Bytes per model parameter: the unit of the ZeRO paper's formulas (16Ψ, 2Ψ + 14Ψ/N)."""
+    """Bytes per model parameter: the unit of the plan's formulas (16Ψ, 2Ψ + 18Ψ/N, 16Ψ/N)."""
     return f"{num_bytes / params:.1f}"
 
 

@@ -293,22 +293,22 @@ def test_saved_model_is_whole_and_loads_in_plain_transformers(run_a):
 def test_resume_from_a_sharded_checkpoint_matches_the_uninterrupted_run(run_a, tmp_path):
     """B1 is A stopped at step 4 with a checkpoint; B2 resumes it to step 8. Together they match A.
 
-    b2 names b1's checkpoint folder, not its output, so only the file orders them: stages that read no
-    other stage's output run in file order, and b1 is published before b2 starts.
+    Two runs: the plan refuses a resume folder that holds no sharded checkpoint (`check_supported`),
+    and b1's folder exists only once b1 has run.
     """
     from torch.distributed.checkpoint import FileSystemReader
 
-    checkpoint = tmp_path / "runs" / "fsdp-resume" / "b1" / "checkpoints" / "checkpoint-4"
-    stages = {
-        "b1": stage("sft", steps=4, trl={**CONSTANT_LR, "save_strategy": "steps", "save_steps": 4}),
-        "b2": stage("sft", steps=8, trl={**CONSTANT_LR, "resume_from_checkpoint": str(checkpoint)}),
-    }
-    path = fsdp_pipeline(tmp_path, "fsdp-resume", stages)
-    run(path)
+    checkpoint = tmp_path / "runs" / "fsdp-stop" / "b1" / "checkpoints" / "checkpoint-4"
+    stop = {"b1": stage("sft", steps=4, trl={**CONSTANT_LR, "save_strategy": "steps", "save_steps": 4})}
+    resume = {"b2": stage("sft", steps=8, trl={**CONSTANT_LR, "resume_from_checkpoint": str(checkpoint)})}
+    stopped = fsdp_pipeline(tmp_path, "fsdp-stop", stop)
+    run(stopped)
+    resumed_path = fsdp_pipeline(tmp_path, "fsdp-resume", resume)
+    run(resumed_path)
 
     uninterrupted = metrics_by_step(run_a, "a")
-    first_half = metrics_by_step(path, "b1")
-    second_half = {step: loss for step, loss in metrics_by_step(path, "b2").items() if step > 4}
+    first_half = metrics_by_step(stopped, "b1")
+    second_half = {step: loss for step, loss in metrics_by_step(resumed_path, "b2").items() if step > 4}
     assert sorted(first_half) == [1, 2, 3, 4] and sorted(second_half) == [5, 6, 7, 8]
     resumed = [{**first_half, **second_half}[step] for step in range(1, 9)]
     expected = [uninterrupted[step] for step in range(1, 9)]

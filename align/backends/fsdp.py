@@ -6,7 +6,7 @@ whose parameters are DTensors, and the model reports `is_distributed_loading_by_
 is what makes the Trainer skip its DDP wrap and device move, defer gradient reduction under accumulation,
 and gather a full `model.safetensors` in `save_model()`. HF/accelerate's `fsdp=` is not used: on CPU it
 silently becomes DDP. `prepare` then gives each shard its own memory (on CPU transformers leaves it a view
-of the whole loaded tensor), tunes the units through FSDP2's public methods, and `verify` proves that each
+of the whole tensor it loaded), tunes the units through FSDP2's public methods, and `verify` proves that each
 rank holds 1/N of the parameters, in elements and in the bytes behind them.
 
 Checkpoints: the Trainer will not save the optimizer of such a model (it insists on `save_only_model`),
@@ -147,25 +147,24 @@ def prepare(model: Any, plan: Any) -> Any:
     return model
 
 
-def own_shard_storage(model: torch.nn.Module) -> int:
-    """Copy every shard that is a view of a larger tensor into a storage of its own; returns the bytes freed.
+def own_shard_storage(model: torch.nn.Module) -> None:
+    """Copy every shard that is a view of a larger tensor into a storage of its own.
 
-    transformers cuts each rank's shard at load as a slice of the whole loaded tensor and moves it with
-    `.to(device, dtype)`, which on CPU in the checkpoint's dtype copies nothing: the shard keeps the whole
-    parameter alive, 1/N of the elements in all of the memory. (On GPU the move copies just the shard,
+    transformers cuts each rank's shard at load as a slice of the whole tensor it read and moves it with
+    `.to(device, dtype)`, which on CPU in the checkpoint's dtype copies nothing. Each shard stays a view of
+    the whole tensor, itself in safetensors' copy-on-write mapping of the checkpoint file: 1/N of the
+    elements behind all of the bytes, the file mapped for the whole run, and storage accounting (the
+    bench, `verify`) that cannot tell it from an unsharded model. (On GPU the move copies just the shard,
     and nothing is done here.) Runs before the first forward, whose FSDP2 lazy init takes each
-    parameter's sharded data from its local tensor, so the copy is what FSDP gathers and the optimizer steps.
+    parameter's sharded data from its local tensor, so the copy is what FSDP gathers and the optimizer
+    steps.
     """
-    freed = 0
     for param in model.parameters():
         if not isinstance(param, DTensor):
             continue
         local = param._local_tensor  # FSDP2 itself swaps this attribute when it pads a shard
-        held = local.untyped_storage().nbytes()
-        if held > local.numel() * local.element_size():
+        if local.untyped_storage().nbytes() > local.numel() * local.element_size():
             param._local_tensor = local.clone(memory_format=torch.contiguous_format)
-            freed += held - local.numel() * local.element_size()
-    return freed
 
 
 def shard_full_tensors(model: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
