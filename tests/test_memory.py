@@ -8,6 +8,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from align.architectures import PRESETS, architecture_for, architecture_from_config
+from align.measure import measured_model_state_bytes
 from align.memory import (
     NF4_BYTES_PER_WEIGHT,
     FrozenModel,
@@ -17,7 +18,6 @@ from align.memory import (
     dpo_reference,
     estimate,
     format_bytes,
-    measured_model_state_bytes,
     parse_memory,
 )
 
