@@ -13,6 +13,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+# ZeRO-2 keeps whole weights on every rank, so models load, prepare and verify as under DDP; the engine
+# is checked once it exists (`ZeroOptimizerCheck`): it does not exist before `train()`.
+from align.backends.ddp import check_supported, model_kwargs, prepare, verify  # noqa: F401
 from align.backends.report import ShardingReport
 from align.errors import ConfigError, Problem
 from align.plan import offloads_optimizer
@@ -81,24 +84,6 @@ def user_config_problem(config: Any) -> str | None:
 def trainer_args(plan: Any) -> dict[str, Any]:
     """HF Trainer builds the DeepSpeed engine itself from this dict."""
     return {"deepspeed": deepspeed_config(plan)}
-
-
-def check_supported(plan: Any) -> None:
-    """Every stage a pipeline can express runs under this backend."""
-
-
-def model_kwargs(plan: Any) -> dict[str, Any]:
-    """ZeRO-2 keeps whole weights on every rank, so models load as usual."""
-    return {}
-
-
-def prepare(model: Any, plan: Any) -> Any:
-    """The model as loaded: DeepSpeed wraps it when the trainer starts."""
-    return model
-
-
-def verify(model: Any, plan: Any) -> None:
-    """The engine does not exist before `train()`; `ZeroOptimizerCheck` verifies it then."""
 
 
 def callbacks(plan: Any, logs_dir: Path) -> list[Any]:
