@@ -14,6 +14,7 @@ from align.data import load_data
 from align.models import load_causal_lm, load_tokenizer
 from align.plan import StagePlan
 from align.spec import LoraSpec, TrainingStage
+from align.trl_args import build_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -104,6 +105,28 @@ def stage_data(stage: TrainingStage, name: str, kind: str) -> tuple[Any, Any]:
     if stage.data.max_eval_rows:
         evaluation = evaluation.select(range(min(stage.data.max_eval_rows, len(evaluation))))
     return train, evaluation
+
+
+def stage_config(ctx: StageContext, kind: str, overrides: dict[str, Any] | None = None) -> Any:
+    """TRL's config for this stage: its `trl:` block (plus what the runner must set), and what align
+    owns: outputs under the stage folder, precision, seed, and the backend's trainer arguments."""
+    return build_config(
+        kind,
+        {**ctx.plan.stage.trl, **(overrides or {})},
+        output_dir=str(ctx.output_dir / "checkpoints"),
+        precision=ctx.plan.precision,
+        seed=ctx.plan.seed,
+        **ctx.backend.trainer_args(ctx.plan),
+    )
+
+
+def save_outputs(ctx: StageContext, trainer: Any, tokenizer: Any, output: str) -> dict[str, float]:
+    """Save `output/` (adapter or model) with its tokenizer and the loss log; the loss curve's ends."""
+    trainer.save_model(str(ctx.output_dir / output))  # every rank: a sharded model gathers collectively
+    if not ctx.is_main:
+        return {}
+    tokenizer.save_pretrained(str(ctx.output_dir / output))
+    return loss_curve(write_log_history(trainer, ctx.output_dir))
 
 
 def write_log_history(trainer: Any, output_dir: Path) -> list[dict[str, Any]]:

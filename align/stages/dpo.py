@@ -14,13 +14,12 @@ from align.stages.context import (
     StageContext,
     StageResult,
     load_stage_model,
-    loss_curve,
     peft_config,
+    save_outputs,
+    stage_config,
     stage_data,
     stage_tokenizer,
-    write_log_history,
 )
-from align.trl_args import build_config
 
 
 def reference_model(ctx: StageContext):
@@ -41,14 +40,7 @@ def run(ctx: StageContext) -> StageResult:
     lora = stage.lora
     train, evaluation = stage_data(stage, ctx.plan.name, "dpo")
     precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    config = build_config(
-        "dpo",
-        {**stage.trl, "precompute_ref_log_probs": precompute} if precompute else stage.trl,
-        output_dir=str(ctx.output_dir / "checkpoints"),
-        precision=ctx.plan.precision,
-        seed=ctx.plan.seed,
-        **ctx.backend.trainer_args(ctx.plan),
-    )
+    config = stage_config(ctx, "dpo", {"precompute_ref_log_probs": True} if precompute else None)
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
     trainer = DPOTrainer(
@@ -69,11 +61,8 @@ def run(ctx: StageContext) -> StageResult:
     before = preference_scores(trainer.model, tokenizer, held_out, max_length)
     metrics.update({f"{key}_before": value for key, value in before.items()})
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    output = "adapter" if lora else "model"
-    trainer.save_model(str(ctx.output_dir / output))
     after = preference_scores(trainer.model, tokenizer, held_out, max_length)
     metrics.update({f"{key}_after": value for key, value in after.items()})
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(ctx.output_dir / output))
-        metrics.update(loss_curve(write_log_history(trainer, ctx.output_dir)))
+    output = "adapter" if lora else "model"
+    metrics.update(save_outputs(ctx, trainer, tokenizer, output))
     return StageResult(output=output, metrics=metrics)

@@ -6,13 +6,12 @@ from align.stages.context import (
     StageContext,
     StageResult,
     load_stage_model,
-    loss_curve,
     peft_config,
+    save_outputs,
+    stage_config,
     stage_data,
     stage_tokenizer,
-    write_log_history,
 )
-from align.trl_args import build_config
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -24,14 +23,7 @@ def run(ctx: StageContext) -> StageResult:
     train, evaluation = stage_data(stage, ctx.plan.name, "sft")
     # evaluating before training goes through the trainer's own start-of-training hook: a bare
     # evaluate() before train() is refused by DeepSpeed ZeRO-1/2 (no engine yet)
-    config = build_config(
-        "sft",
-        {**stage.trl, "eval_on_start": evaluation is not None},
-        output_dir=str(ctx.output_dir / "checkpoints"),
-        precision=ctx.plan.precision,
-        seed=ctx.plan.seed,
-        **ctx.backend.trainer_args(ctx.plan),
-    )
+    config = stage_config(ctx, "sft", {"eval_on_start": evaluation is not None})
     tokenizer = stage_tokenizer(ctx)
     model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
     trainer = SFTTrainer(
@@ -52,8 +44,5 @@ def run(ctx: StageContext) -> StageResult:
         )
         metrics["eval_loss_after"] = trainer.evaluate()["eval_loss"]
     output = "adapter" if lora else "model"
-    trainer.save_model(str(ctx.output_dir / output))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(ctx.output_dir / output))
-        metrics.update(loss_curve(write_log_history(trainer, ctx.output_dir)))
+    metrics.update(save_outputs(ctx, trainer, tokenizer, output))
     return StageResult(output=output, metrics=metrics)
