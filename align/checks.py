@@ -9,9 +9,10 @@ from align.data import check_data
 from align.errors import Problem
 from align.graph import order, reference_target, references
 from align.models import model_problem
-from align.spec import MergeStage, Pipeline, TrainingStage
+from align.rewards import args_problem, function_problem
+from align.spec import MergeStage, Pipeline, RewardStage, RLStage, TrainingStage
 
-DATA_KIND = {"sft": "sft", "dpo": "dpo", "reward": "reward"}
+DATA_KIND = {"sft": "sft", "dpo": "dpo", "reward": "reward", "grpo": "prompts", "rloo": "prompts"}
 
 
 def model_problems(pipeline: Pipeline) -> list[Problem]:
@@ -60,7 +61,50 @@ def cross_check(pipeline: Pipeline) -> list[Problem]:
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
     problems += backend_problems(pipeline)
+    problems += reward_problems(pipeline)
     return problems
+
+
+def reward_problems(pipeline: Pipeline) -> list[Problem]:
+    """Rewards: shipped functions with fitting args, own code only when opted in, reward models from
+    `reward` stages; and a reward stage's LoRA must merge into a plain model."""
+    problems = []
+    for name, stage in pipeline.stages.items():
+        where = f"stages.{name}"
+        if isinstance(stage, RewardStage) and stage.lora is not None and stage.lora.load_in_4bit:
+            message = "a reward stage merges its LoRA into model/, which a 4-bit base cannot take; drop it"
+            problems.append(Problem(f"{where}.lora.load_in_4bit", message))
+        if not isinstance(stage, RLStage):
+            continue
+        if "reward_weights" in stage.trl:
+            problems.append(Problem(f"{where}.trl.reward_weights", "set `weight:` on each of `rewards:`"))
+        for index, reward in enumerate(stage.rewards):
+            path = f"{where}.rewards[{index}]"
+            if reward.model is not None:
+                problems += reward_model_problems(pipeline, reward.model, f"{path}.model")
+            elif (message := function_problem(reward.function, pipeline.allow_custom_code)) is not None:
+                problems.append(Problem(f"{path}.function", message))
+            elif (message := args_problem(reward.function, reward.args)) is not None:
+                problems.append(Problem(f"{path}.args", message))
+    return problems
+
+
+def reward_model_problems(pipeline: Pipeline, value: str, path: str) -> list[Problem]:
+    """A reward model is a reward stage's output, or a folder or hub id (its head is checked at run time)."""
+    target = reference_target(value)
+    if target is None:
+        message = None if "${" in value else model_problem(value)  # malformed: the reference check says so
+        return [] if message is None else [Problem(path, message)]
+    source = pipeline.stages.get(target)
+    if source is None or isinstance(source, RewardStage):
+        return []  # an unknown stage is reported by the reference check
+    return [
+        Problem(
+            path,
+            f"refers to stage '{target}', a {source.kind} stage; a reward model comes from a stage "
+            "with `kind: reward`",
+        )
+    ]
 
 
 def backend_problems(pipeline: Pipeline) -> list[Problem]:

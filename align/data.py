@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -24,12 +25,17 @@ from align.errors import DataError
 
 BUILTIN_PREFIX = "align:"
 HUB_PREFIX = "hf:"  # hf:org/name@split: a hub dataset, loaded where a hub is reachable
-SFT, PREFS = ("messages",), ("prompt", "chosen", "rejected")
+SFT, PREFS, PROMPTS = ("messages",), ("prompt", "chosen", "rejected"), ("prompt", "answer")
 BUILTIN_DATA: dict[str, tuple[str, tuple[str, ...]]] = {  # ref -> (file in the cache folder, its columns)
     "align:chatterbot/sft/train": ("sft-train.jsonl", SFT),
     "align:chatterbot/sft/test": ("sft-test.jsonl", SFT),
     "align:chatterbot/prefs/train": ("prefs-train.jsonl", PREFS),
     "align:chatterbot/prefs/test": ("prefs-test.jsonl", PREFS),
+}
+TOY_DATA: dict[str, tuple[str, tuple[str, ...]]] = {  # a verifiable task for the RL stages
+    "align:toy/number-or-word/sft": ("number-or-word-sft.jsonl", SFT),
+    "align:toy/number-or-word/train": ("number-or-word-train.jsonl", PROMPTS),
+    "align:toy/number-or-word/test": ("number-or-word-test.jsonl", PROMPTS),
 }
 STAGE_COLUMNS: dict[str, list[tuple[str, ...]]] = {
     "sft": [("messages",), ("text",), ("prompt", "completion")],
@@ -39,7 +45,7 @@ STAGE_COLUMNS: dict[str, list[tuple[str, ...]]] = {
 }
 FORMATS = (
     "give a .jsonl, .json or .parquet file, a `datasets` save_to_disk folder (folder@split for a "
-    f"DatasetDict), or a builtin: {', '.join(BUILTIN_DATA)}"
+    f"DatasetDict), or a builtin: {', '.join([*BUILTIN_DATA, *TOY_DATA])}"
 )
 
 
@@ -116,6 +122,38 @@ def preference_rows(replies: dict[str, list[str]], rng: random.Random) -> list[d
     return rows
 
 
+def build_toy(out_dir: Path, *, seed: int = 0, test_size: int = 64, period_share: float = 0.3) -> None:
+    """`Number or word? X` -> `number` or `word`, split by item; the SFT rows are the train items.
+
+    A random-init tiny model learns it in a minute of SFT (digits are their own tokens), so RL starts
+    from a policy that earns rewards. Only `period_share` of the SFT replies end with a period: a
+    format reward that asks for one leaves RL something to teach.
+    """
+    rng = random.Random(seed)
+    words = sorted({w for pair in chatterbot_pairs() for w in re.findall(r"\b[a-z]{3,8}\b", " ".join(pair))})
+    items = [(w, "word") for w in rng.sample(words, 500)] + [
+        (str(n), "number") for n in rng.sample(range(1000), 500)
+    ]
+    rng.shuffle(items)
+    train, test = items[test_size:], items[:test_size]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", train), ("test", test)):
+        write_jsonl(
+            out_dir / f"number-or-word-{split}.jsonl", [{"prompt": toy(x), "answer": a} for x, a in rows]
+        )
+    sft = [
+        toy(x) + [{"role": "assistant", "content": a + "." * (rng.random() < period_share)}] for x, a in train
+    ]
+    write_jsonl(out_dir / "number-or-word-sft.jsonl", [{"messages": messages} for messages in sft])
+
+
+def toy(item: str) -> list[dict]:
+    return [{"role": "user", "content": f"Number or word? {item}"}]
+
+
+BUILDERS = {"chatterbot": build_chatterbot, "toy": build_toy}  # builtin family -> its cache folder's builder
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
@@ -131,7 +169,8 @@ def resolve_data(ref: str, field: str) -> Path:
 def locate(ref: str) -> Path:
     if ref.startswith(BUILTIN_PREFIX):
         file_name = builtin(ref)[0]
-        return build_once(cache_root() / "data" / "chatterbot", build_chatterbot) / file_name
+        family = ref[len(BUILTIN_PREFIX) :].split("/")[0]
+        return build_once(cache_root() / "data" / family, BUILDERS[family]) / file_name
     path, split = user_path(ref), None
     if not exists(path) and "@" in ref:
         head, _, split = ref.rpartition("@")
@@ -148,9 +187,10 @@ def locate(ref: str) -> Path:
 
 
 def builtin(ref: str) -> tuple[str, tuple[str, ...]]:
-    if ref not in BUILTIN_DATA:
-        raise DataError(f"{ref} is not a builtin dataset; the builtins are: {', '.join(BUILTIN_DATA)}")
-    return BUILTIN_DATA[ref]
+    builtins = {**BUILTIN_DATA, **TOY_DATA}
+    if ref not in builtins:
+        raise DataError(f"{ref} is not a builtin dataset; the builtins are: {', '.join(builtins)}")
+    return builtins[ref]
 
 
 def dataset_folder(path: Path, split: str | None, ref: str) -> Path:

@@ -15,6 +15,10 @@ SHOWN_METRICS = (
     "preference_margin_before",
     "preference_margin_after",
     "merge_max_abs_logit_delta",
+    "pairwise_accuracy_before",
+    "pairwise_accuracy_after",
+    "reward_mean_before",
+    "reward_mean_after",
 )
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from align.cache import user_path
 from align.errors import ConfigError, Problem
+from align.rewards import RewardSpec
 from align.validation import pydantic_problems
 
 BACKEND_NAMES = ("auto", "ddp", "zero2", "fsdp")
@@ -99,6 +100,19 @@ class DPOStage(TrainingStage):
     kind: Literal["dpo"]
 
 
+class RewardStage(TrainingStage):
+    """A reward model: a one-label sequence-classification head trained on preference pairs."""
+
+    kind: Literal["reward"]
+
+
+class RLStage(TrainingStage):
+    """Online RL on prompts with GRPO or RLOO; each reward is a function or a reward model, weighted."""
+
+    kind: Literal["grpo", "rloo"]
+    rewards: Annotated[list[RewardSpec], Field(min_length=1)]
+
+
 class MergeStage(StageBase):
     """Merge the adapter(s) of `model` into their base and check the logits still match."""
 
@@ -107,8 +121,15 @@ class MergeStage(StageBase):
     tolerance: Annotated[float, Field(gt=0)] = 1e-4
 
 
-STAGE_KINDS: dict[str, type[StageBase]] = {"sft": SFTStage, "dpo": DPOStage, "merge": MergeStage}
-Stage = SFTStage | DPOStage | MergeStage
+STAGE_KINDS: dict[str, type[StageBase]] = {
+    "sft": SFTStage,
+    "dpo": DPOStage,
+    "reward": RewardStage,
+    "grpo": RLStage,
+    "rloo": RLStage,
+    "merge": MergeStage,
+}
+Stage = SFTStage | DPOStage | RewardStage | RLStage | MergeStage
 
 
 class Defaults(Strict):

@@ -18,7 +18,13 @@ from pydantic import TypeAdapter, ValidationError
 from align.errors import Problem
 from align.validation import suggestion
 
-CONFIG_CLASSES = {"sft": "SFTConfig", "dpo": "DPOConfig", "reward": "RewardConfig"}
+CONFIG_CLASSES = {
+    "sft": "SFTConfig",
+    "dpo": "DPOConfig",
+    "reward": "RewardConfig",
+    "grpo": "GRPOConfig",
+    "rloo": "RLOOConfig",
+}
 OWNED_BY_ALIGN = {
     "output_dir": "outputs go to <output_root>/<pipeline>/<stage>; set defaults.output_root",
     "seed": "set defaults.seed",

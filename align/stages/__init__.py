@@ -7,7 +7,14 @@ from types import ModuleType
 
 def runner_for(kind: str) -> ModuleType:
     """The runner module of a stage kind, imported only in the worker that needs it."""
-    from align.stages import dpo, merge, sft
+    from align.stages import dpo, grpo, merge, reward, sft
 
-    runners: dict[str, ModuleType] = {"sft": sft, "dpo": dpo, "merge": merge}
+    runners: dict[str, ModuleType] = {
+        "sft": sft,
+        "dpo": dpo,
+        "reward": reward,
+        "grpo": grpo,
+        "rloo": grpo,
+        "merge": merge,
+    }
     return runners[kind]

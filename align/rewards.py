@@ -1,0 +1,177 @@
+"""Rewards for the RL stages: the YAML shape of one reward, the shipped verifiable functions, and the
+guard that makes a failing function fail its stage with its name.
+
+TRL calls a reward function with `prompts`, `completions` (strings, or lists of messages for
+conversational prompts), `completion_ids`, every extra dataset column, and some trainer state, all as
+keyword arguments; it returns one float (or None) per completion. Shipped functions take their own
+settings as keyword-only arguments, which a reward's `args:` sets. Nothing here imports torch, so
+`align validate` stays quick.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from align.errors import AlignError
+
+
+class RewardError(AlignError):
+    """A reward function that cannot be loaded, or that failed or misbehaved on a batch."""
+
+
+class RewardSpec(BaseModel):
+    """One reward of a grpo/rloo stage: a shipped function, a function of your own, or a reward model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    function: str | None = None  # a shipped short name, or a dotted path (needs allow_custom_code)
+    model: str | None = None  # ${stages.NAME.output} of a reward stage, or a reward model folder
+    args: dict[str, Any] = {}
+    weight: float = 1.0
+
+    @model_validator(mode="after")
+    def one_source(self) -> RewardSpec:
+        if (self.function is None) == (self.model is None):
+            raise ValueError("give exactly one of `function` (a reward function) or `model` (a reward model)")
+        if self.model is not None and self.args:
+            raise ValueError("`args` are a reward function's settings; a reward model takes none")
+        return self
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: TRL passes a string, or for conversational prompts a list of messages."""
+    return completion[-1]["content"] if isinstance(completion, list) else str(completion)
+
+
+def normalize(text: str) -> str:
+    """Case, spacing, quotes and end punctuation aside: `The cat.` and `the  cat` are the same answer."""
+    return " ".join(text.lower().split()).strip(" .!?\"'")
+
+
+def exact_answer(completions: list[Any], answer: list[Any] | None = None, **_: Any) -> list[float]:
+    """1 when the completion is the row's `answer` (see `normalize`), else 0."""
+    if answer is None:
+        raise ValueError(
+            "exact_answer compares completions with an `answer` column; the prompts data has none"
+        )
+    return [
+        float(normalize(completion_text(c)) == normalize(str(a)))
+        for c, a in zip(completions, answer, strict=True)
+    ]
+
+
+def format_match(completions: list[Any], *, pattern: str = r"[^\n]+\.", **_: Any) -> list[float]:
+    """1 when the whole stripped completion matches `pattern` (default: one line ending with a period)."""
+    compiled = re.compile(pattern)
+    return [float(compiled.fullmatch(completion_text(c).strip()) is not None) for c in completions]
+
+
+def length_target(completions: list[Any], *, target: int = 20, unit: str = "words", **_: Any) -> list[float]:
+    """1 at exactly `target` words (or chars), falling linearly to 0 at none or at twice the target."""
+    if unit not in ("words", "chars") or target <= 0:
+        raise ValueError(
+            f"length needs unit 'words' or 'chars' and a target above 0 (got {unit!r}, {target})"
+        )
+    texts = [completion_text(c).strip() for c in completions]
+    sizes = [len(text.split()) if unit == "words" else len(text) for text in texts]
+    return [max(0.0, 1.0 - abs(size - target) / target) for size in sizes]
+
+
+SHIPPED: dict[str, Callable[..., list[float]]] = {
+    "exact_answer": exact_answer,
+    "format": format_match,
+    "length": length_target,
+}
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """A user's reward function by dotted path (`mypkg.rewards.score`); importing it runs their code."""
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise RewardError(f"cannot load the reward function '{path}': {err}") from None
+    if not callable(function):
+        raise RewardError(f"'{path}' is a {type(function).__name__}, not a function")
+    return function
+
+
+def function_problem(name: str, allow_custom_code: bool) -> str | None:
+    """Why a reward's `function` cannot be used, or None; a dotted path is imported only when opted in."""
+    if name in SHIPPED:
+        return None
+    if "." not in name:
+        return (
+            f"'{name}' is not a shipped reward function ({', '.join(SHIPPED)}); name a function of your own "
+            "by its dotted path, as mypkg.rewards.score"
+        )
+    if not allow_custom_code:
+        return (
+            f"'{name}' is a function of your own, and running it runs your code: set "
+            "`allow_custom_code: true` at the top of the pipeline file to allow it"
+        )
+    try:
+        load_function(name)
+    except RewardError as err:
+        return str(err)
+    return None
+
+
+def args_problem(name: str, args: dict[str, Any]) -> str | None:
+    """Why `args` do not fit a shipped function, found by running it on one probe completion."""
+    function = SHIPPED.get(name)
+    if function is None:
+        return None  # a user's function takes what it takes
+    parameters = inspect.signature(function).parameters.values()
+    allowed = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(args) - set(allowed))
+    if unknown:
+        return f"{name} takes no argument '{unknown[0]}'; it takes: {', '.join(allowed) or 'none'}"
+    try:
+        function(completions=["probe."], answer=["probe"], **args)
+    except Exception as err:  # noqa: BLE001 - a bad regex, a wrong type: all are the user's to fix
+        return f"{name} cannot run with these args: {err}"
+    return None
+
+
+def shorten(value: Any, limit: int = 120) -> str:
+    text = repr(completion_text(value) if isinstance(value, list) else value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+class GuardedReward:
+    """A reward function that, when it raises or returns the wrong thing, fails the stage with a message
+    naming it, its YAML path, the batch size and the first prompt, instead of a bare traceback."""
+
+    def __init__(self, name: str, function: Callable[..., Any], args: dict[str, Any], where: str) -> None:
+        self.__name__ = name.rsplit(".", 1)[-1]  # TRL logs each reward under its function's name
+        self.name, self.function, self.args, self.where = name, function, args, where
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        try:
+            values = list(self.function(prompts=prompts, completions=completions, **kwargs, **self.args))
+            rewards = [None if value is None else float(value) for value in values]
+        except Exception as err:  # noqa: BLE001 - whatever it raised, the user needs to know which function
+            raise RewardError(self.failure(prompts, f"raised {type(err).__name__}: {err}")) from err
+        if len(rewards) != len(completions):
+            raise RewardError(self.failure(prompts, f"returned {len(rewards)} rewards"))
+        return rewards
+
+    def failure(self, prompts: list[Any], what: str) -> str:
+        first = shorten(prompts[0]) if prompts else "none"
+        return (
+            f"{self.where}: reward function '{self.name}' {what} on a batch of {len(prompts)} completions "
+            f"(it must return one number or None per completion); first prompt: {first}"
+        )
+
+
+def guarded_function(name: str, args: dict[str, Any], where: str) -> GuardedReward:
+    """The callable TRL gets for a reward's `function`: shipped by short name, else imported by path."""
+    function = SHIPPED[name] if name in SHIPPED else load_function(name)
+    return GuardedReward(name, function, args, where)
