@@ -10,9 +10,9 @@ from align.errors import Problem
 from align.graph import order, reference_target, references
 from align.models import model_problem
 from align.rewards import args_problem, function_problem
-from align.spec import MergeStage, Pipeline, RewardStage, RLStage, TrainingStage
+from align.spec import MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 
-DATA_KIND = {"sft": "sft", "dpo": "dpo", "reward": "reward", "grpo": "prompts", "rloo": "prompts"}
+DATA_KIND = {"sft": "sft", "dpo": "dpo", "reward": "reward", "grpo": "prompts", "rloo": "prompts", "ppo": "prompts"}
 
 
 def model_problems(pipeline: Pipeline) -> list[Problem]:
@@ -74,7 +74,7 @@ def reward_problems(pipeline: Pipeline) -> list[Problem]:
         if isinstance(stage, RewardStage) and stage.lora is not None and stage.lora.load_in_4bit:
             message = "a reward stage merges its LoRA into model/, which a 4-bit base cannot take; drop it"
             problems.append(Problem(f"{where}.lora.load_in_4bit", message))
-        if not isinstance(stage, RLStage):
+        if not isinstance(stage, RewardedStage):
             continue
         if "reward_weights" in stage.trl:
             problems.append(Problem(f"{where}.trl.reward_weights", "set `weight:` on each of `rewards:`"))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from align.cache import user_path
 from align.errors import ConfigError, Problem
@@ -106,11 +106,34 @@ class RewardStage(TrainingStage):
     kind: Literal["reward"]
 
 
-class RLStage(TrainingStage):
-    """Online RL on prompts with GRPO or RLOO; each reward is a function or a reward model, weighted."""
+class RewardedStage(TrainingStage):
+    """Online RL on prompts: each reward is a function or a reward model, weighted."""
+
+    rewards: Annotated[list[RewardSpec], Field(min_length=1)]
+
+
+class RLStage(RewardedStage):
+    """GRPO or RLOO through TRL: advantages from a group of completions per prompt, no critic."""
 
     kind: Literal["grpo", "rloo"]
-    rewards: Annotated[list[RewardSpec], Field(min_length=1)]
+
+
+class PPOStage(RewardedStage):
+    """PPO with a critic, align's own trainer. `value` says where the critic lives: a value head on the
+    policy's own trunk (`head`), or its own LoRA adapter plus head on the shared frozen base (`adapter`)."""
+
+    kind: Literal["ppo"]
+    value: Literal["head", "adapter"] = "head"
+
+    @field_validator("value")
+    @classmethod
+    def adapter_needs_lora(cls, value: str, info: ValidationInfo) -> str:
+        if value == "adapter" and info.data.get("lora") is None:
+            raise ValueError(
+                "`adapter` gives the critic its own LoRA adapter on the policy's base, so the stage needs "
+                "a `lora:` block; for full parameters use `value: head`"
+            )
+        return value
 
 
 class MergeStage(StageBase):
@@ -127,9 +150,10 @@ STAGE_KINDS: dict[str, type[StageBase]] = {
     "reward": RewardStage,
     "grpo": RLStage,
     "rloo": RLStage,
+    "ppo": PPOStage,
     "merge": MergeStage,
 }
-Stage = SFTStage | DPOStage | RewardStage | RLStage | MergeStage
+Stage = SFTStage | DPOStage | RewardStage | RLStage | PPOStage | MergeStage
 
 
 class Defaults(Strict):

@@ -24,6 +24,7 @@ CONFIG_CLASSES = {
     "reward": "RewardConfig",
     "grpo": "GRPOConfig",
     "rloo": "RLOOConfig",
+    "ppo": "PPOConfig",  # align's own (align.trainers.ppo_config): TRL has no PPO any more
 }
 OWNED_BY_ALIGN = {
     "output_dir": "outputs go to <output_root>/<pipeline>/<stage>; set defaults.output_root",
@@ -40,6 +41,10 @@ OWNED_BY_ALIGN = {
 
 def config_class(kind: str) -> type:
     """TRL's config dataclass for a stage kind (imported lazily: TRL takes seconds to import)."""
+    if kind == "ppo":
+        from align.trainers.ppo_config import PPOConfig
+
+        return PPOConfig
     import trl
 
     return getattr(trl, CONFIG_CLASSES[kind])
@@ -96,7 +101,7 @@ def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
                 Problem(
                     where,
                     f"unknown {cls.__name__} field '{key}'; {hint}"
-                    f"see TRL's {cls.__name__} for the fields it takes",
+                    f"see {cls.__module__.split('.')[0]}'s {cls.__name__} for the fields it takes",
                 )
             )
         elif (message := check_value(fields[key], value)[1]) is not None:

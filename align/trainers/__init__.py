@@ -1,0 +1,1 @@
+"""Trainers align ships itself, where TRL has none (PPO with a critic)."""
