@@ -36,6 +36,8 @@ TOY_DATA: dict[str, tuple[str, tuple[str, ...]]] = {  # a verifiable task for th
     "align:toy/number-or-word/sft": ("number-or-word-sft.jsonl", SFT),
     "align:toy/number-or-word/train": ("number-or-word-train.jsonl", PROMPTS),
     "align:toy/number-or-word/test": ("number-or-word-test.jsonl", PROMPTS),
+    "align:toy/number-or-word/prefs/train": ("number-or-word-prefs-train.jsonl", PREFS),
+    "align:toy/number-or-word/prefs/test": ("number-or-word-prefs-test.jsonl", PREFS),
 }
 STAGE_COLUMNS: dict[str, list[tuple[str, ...]]] = {
     "sft": [("messages",), ("text",), ("prompt", "completion")],
@@ -141,10 +143,23 @@ def build_toy(out_dir: Path, *, seed: int = 0, test_size: int = 64, period_share
         write_jsonl(
             out_dir / f"number-or-word-{split}.jsonl", [{"prompt": toy(x), "answer": a} for x, a in rows]
         )
+        write_jsonl(out_dir / f"number-or-word-prefs-{split}.jsonl", [toy_pair(x, a, rng) for x, a in rows])
     sft = [
         toy(x) + [{"role": "assistant", "content": a + "." * (rng.random() < period_share)}] for x, a in train
     ]
     write_jsonl(out_dir / "number-or-word-sft.jsonl", [{"messages": messages} for messages in sft])
+
+
+def toy_pair(item: str, answer: str, rng: random.Random) -> dict:
+    """A preference pair that encodes both rules: the right answer ending with a period is chosen over a
+    wrong answer, a missing period, or both, so a reward model trained on it scores what the rules do."""
+    wrong = "word" if answer == "number" else "number"
+    rejected = rng.choice([f"{wrong}.", answer, wrong])
+    return {
+        "prompt": toy(item),
+        "chosen": [{"role": "assistant", "content": f"{answer}."}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+    }
 
 
 def toy(item: str) -> list[dict]:

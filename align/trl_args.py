@@ -84,6 +84,13 @@ def coerce(kind: str, block: dict[str, Any]) -> dict[str, Any]:
     return {key: check_value(fields.get(key, Any), value)[0] for key, value in block.items()}
 
 
+def trl_setting(kind: str, block: dict[str, Any], key: str) -> Any:
+    """A setting as the stage's config will hold it: the `trl:` block's value, else the class default."""
+    if key in block:
+        return coerce(kind, {key: block[key]})[key]
+    return next(f.default for f in dataclasses.fields(config_class(kind)) if f.name == key)
+
+
 def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
     """Every problem with a `trl:` block: unknown keys, keys align owns, wrong types, TRL's own checks."""
     if kind not in CONFIG_CLASSES:

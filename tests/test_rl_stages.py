@@ -151,7 +151,7 @@ def test_a_model_without_a_one_label_head_is_refused_as_reward_model(tmp_path) -
     from transformers import LlamaConfig
 
     from align.models import resolve_model
-    from align.stages.grpo import reward_model_problem
+    from align.stages.rl import reward_model_problem
 
     causal = resolve_model("tiny")
     problem = reward_model_problem(causal)

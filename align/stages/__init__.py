@@ -7,7 +7,7 @@ from types import ModuleType
 
 def runner_for(kind: str) -> ModuleType:
     """The runner module of a stage kind, imported only in the worker that needs it."""
-    from align.stages import dpo, grpo, merge, reward, sft
+    from align.stages import dpo, grpo, merge, ppo, reward, sft
 
     runners: dict[str, ModuleType] = {
         "sft": sft,
@@ -15,6 +15,7 @@ def runner_for(kind: str) -> ModuleType:
         "reward": reward,
         "grpo": grpo,
         "rloo": grpo,
+        "ppo": ppo,
         "merge": merge,
     }
     return runners[kind]

@@ -12,6 +12,7 @@ import torch
 
 from align.data import load_data
 from align.models import load_causal_lm, load_tokenizer
+from align.placement import REFERENCE_COPY
 from align.plan import StagePlan
 from align.spec import LoraSpec, TrainingStage
 from align.trl_args import build_config
@@ -69,6 +70,14 @@ def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch
         for adapter in ctx.model_input.adapters:
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return ctx.backend.prepare(model, ctx.plan)
+
+
+def frozen_reference(ctx: StageContext) -> torch.nn.Module | None:
+    """The reference model when the plan places a frozen copy (full parameters), loaded and placed like
+    the policy (sharded under fsdp); None when there is none to load (LoRA disables the adapters)."""
+    if ctx.plan.placement.reference != REFERENCE_COPY:
+        return None
+    return load_stage_model(ctx).requires_grad_(False).eval()
 
 
 def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
@@ -140,9 +149,11 @@ def write_log_history(trainer: Any, output_dir: Path) -> list[dict[str, Any]]:
     return history
 
 
-def loss_curve(history: list[dict[str, Any]], key: str = "loss") -> dict[str, float]:
-    """First and last logged training loss: the two numbers that say whether training worked."""
+def loss_curve(history: list[dict[str, Any]], key: str = "loss", name: str | None = None) -> dict[str, float]:
+    """First and last logged training loss (or other `key`, as `train_<name>_first/last`): the two numbers
+    that say whether training worked."""
     losses = [entry[key] for entry in history if key in entry]
     if not losses:
         return {}
-    return {f"train_{key}_first": float(losses[0]), f"train_{key}_last": float(losses[-1])}
+    name = name or key
+    return {f"train_{name}_first": float(losses[0]), f"train_{name}_last": float(losses[-1])}

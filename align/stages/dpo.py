@@ -9,10 +9,11 @@ that the copy does not fit, log-probs precomputed from the policy before it trai
 from __future__ import annotations
 
 from align.evaluation import preference_scores
-from align.placement import REFERENCE_COPY, REFERENCE_PRECOMPUTED
+from align.placement import REFERENCE_PRECOMPUTED
 from align.stages.context import (
     StageContext,
     StageResult,
+    frozen_reference,
     load_stage_model,
     peft_config,
     save_outputs,
@@ -20,16 +21,6 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-
-
-def reference_model(ctx: StageContext):
-    """A frozen copy for full-parameter DPO, else None: TRL then disables the adapters (LoRA) or reads
-    log-probs precomputed from the policy before its first step."""
-    if ctx.plan.placement.reference != REFERENCE_COPY:
-        return None
-    reference = load_stage_model(ctx)
-    reference.requires_grad_(False)
-    return reference.eval()
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -45,7 +36,7 @@ def run(ctx: StageContext) -> StageResult:
     model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
     trainer = DPOTrainer(
         model=model,
-        ref_model=reference_model(ctx),
+        ref_model=frozen_reference(ctx),  # None: TRL disables the adapters, or precomputes
         args=config,
         train_dataset=train,
         eval_dataset=evaluation,

@@ -1,0 +1,89 @@
+"""PPO with a critic, on align's own trainer (align/trainers/ppo.py): the policy, its reference, the
+stage's rewards and the critic, each placed as the plan says.
+
+- reference: with LoRA the policy's base with its adapters disabled; else a frozen copy the backend places
+  (replicated, or sharded under fsdp);
+- reward models: frozen, loaded the way the backend places the policy; rule functions run on each rank;
+- critic: `value: head` puts a value head on the policy's trunk, `value: adapter` gives it its own LoRA
+  adapter on the same base (and a head).
+Before and after training the policy samples held-out prompts with a fixed seed and the same rewards score
+them; the stage's metrics carry those means, and the first and last logged reward and KL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from align.stages.context import (
+    StageContext,
+    StageResult,
+    frozen_reference,
+    load_stage_model,
+    loss_curve,
+    peft_config,
+    stage_config,
+    stage_data,
+    stage_tokenizer,
+    write_log_history,
+)
+from align.stages.rl import Rewards, held_out_rewards, held_out_rows, stage_rewards
+from align.trainers.ppo import PolicyAndValue, PPOTrainer, RewardFn, add_value_adapter
+
+
+def policy_model(ctx: StageContext) -> Any:
+    """The input model, with the stage's LoRA adapter (and the critic's, for `value: adapter`)."""
+    lora = ctx.plan.stage.lora
+    model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
+    if lora is None:
+        return model
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if lora.load_in_4bit:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = get_peft_model(model, peft_config(lora))
+    if ctx.plan.stage.value == "adapter":
+        add_value_adapter(model, peft_config(lora))
+    return model
+
+
+def reward_function(rewards: Rewards) -> RewardFn:
+    """The trainer's view of the stage's rewards: the weighted score and each reward's values."""
+
+    def score(prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]):
+        values = rewards.score(prompts, completions, columns)
+        return rewards.total(values), values
+
+    return score
+
+
+def run(ctx: StageContext) -> StageResult:
+    """Measure held-out reward, train with PPO, measure again, and save the policy (and its critic)."""
+    stage = ctx.plan.stage
+    train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
+    rewards = stage_rewards(ctx, placed=True)
+    config = stage_config(ctx, "ppo")
+    tokenizer = stage_tokenizer(ctx, padding_side="left")
+    policy = policy_model(ctx)
+    trainer = PPOTrainer(
+        model=PolicyAndValue(policy, value_adapter=stage.value == "adapter"),
+        ref_model=frozen_reference(ctx),
+        rewards=reward_function(rewards),
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=ctx.backend.callbacks(ctx.plan, ctx.output_dir / "logs"),
+    )
+    ctx.backend.verify(policy, ctx.plan)
+    held_out = held_out_rows(train, evaluation)
+    before = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    after = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
+    metrics = {f"{key}_before": value for key, value in before.items()}
+    metrics.update({f"{key}_after": value for key, value in after.items()})
+    output = "adapter" if stage.lora else "model"
+    trainer.save_model(str(ctx.output_dir / output))
+    if ctx.is_main:
+        history = write_log_history(trainer, ctx.output_dir)
+        metrics.update(loss_curve(history, key="reward"))
+        metrics.update(loss_curve(history, key="objective/kl", name="kl"))
+    return StageResult(output=output, metrics=metrics)

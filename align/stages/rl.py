@@ -1,0 +1,177 @@
+"""What the online RL stages (grpo, rloo, ppo) share: their rewards, loaded and checked, and the held-out
+measurement that says whether RL worked.
+
+Rewards are the stage's `rewards:` list, each weighted: shipped or user functions (guarded so that a
+failure names the function), or reward models, checked to be one-label sequence classifiers and placed as
+the plan says. Before and after training, the policy samples completions for held-out prompts with a
+fixed seed and the same rewards score them: the mean is the number RL is meant to raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from align.errors import ModelError
+from align.graph import reference_target
+from align.models import load_tokenizer, resolve_model
+from align.rewards import RewardSpec, guarded_function
+from align.run.records import read_record
+from align.stages.context import StageContext
+from align.trainers.sampling import decode, generate
+
+EVAL_SAMPLES = 4  # completions per held-out prompt
+EVAL_ROWS = 64  # held-out prompts taken from the train data when the stage has no eval data
+GENERATION_CHUNK = 64
+
+
+def reward_model_folder(ctx: StageContext, value: str, field: str) -> str:
+    """The folder a reward's `model` names: a reward stage's published output, or a folder or hub id."""
+    target = reference_target(value)
+    if target is None:
+        return resolve_model(value, field)
+    record = read_record(ctx.output_dir.parent / target)  # stage folders are siblings of this scratch folder
+    if record is None or record.get("status") != "succeeded":
+        raise ModelError(f"{field}: stage '{target}' has no finished output to read")
+    return record["output"]["path"]
+
+
+def reward_model_problem(folder: str) -> str | None:
+    """Why a folder is not a reward model (a sequence-classification head with one label), or None."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    architectures = config.architectures or []
+    classifier = any(name.endswith("ForSequenceClassification") for name in architectures)
+    if classifier and config.num_labels == 1:
+        return None
+    found = f"{config.num_labels} labels" if classifier else f"a {', '.join(architectures) or 'unnamed'} head"
+    return (
+        f"{folder} is not a reward model: it has {found}, and a reward model is a sequence-classification "
+        "model with 1 label (what a `reward` stage writes)"
+    )
+
+
+def frozen_reward_model(ctx: StageContext, spec: RewardSpec, where: str, *, placed: bool) -> tuple[Any, Any]:
+    """A frozen reward model and its tokenizer, refused with a clear message when it is not one.
+
+    `placed`: loaded the way the backend places the policy (sharded under fsdp), as align's own PPO
+    places it; TRL's trainers place the reward models they are given themselves.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    folder = reward_model_folder(ctx, spec.model, f"{where}.model")
+    if (problem := reward_model_problem(folder)) is not None:
+        raise ModelError(f"{where}.model: {problem}")
+    kwargs = {"dtype": ctx.dtype, **(ctx.backend.model_kwargs(ctx.plan) if placed else {})}
+    model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs)
+    if placed:
+        model = ctx.backend.prepare(model, ctx.plan)
+    return model.requires_grad_(False).eval(), load_tokenizer(folder)
+
+
+@dataclass
+class Rewards:
+    """A stage's rewards in its order: callables or models, their tokenizers (None for a function),
+    names (as logged) and weights."""
+
+    sources: list[Any]
+    tokenizers: list[Any]
+    names: list[str]
+    weights: list[float]
+
+    def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]) -> dict[str, list[float]]:
+        """Each reward's value per completion; a function's None (no opinion) counts as 0."""
+        values = {}
+        for name, source, tokenizer in zip(self.names, self.sources, self.tokenizers, strict=True):
+            if isinstance(source, torch.nn.Module):
+                values[name] = model_scores(source, tokenizer, prompts, completions)
+            else:
+                found = source(prompts=prompts, completions=completions, **columns)
+                values[name] = [0.0 if value is None else value for value in found]
+        return values
+
+    def total(self, values: dict[str, list[float]]) -> list[float]:
+        """The weighted sum per completion."""
+        columns = zip(*values.values(), strict=True)
+        return [sum(w * v for w, v in zip(self.weights, row, strict=True)) for row in columns]
+
+
+def stage_rewards(ctx: StageContext, *, placed: bool) -> Rewards:
+    """The stage's `rewards:` ready to score; `placed` as for `frozen_reward_model`."""
+    sources, tokenizers, names = [], [], []
+    for index, spec in enumerate(ctx.plan.stage.rewards):
+        where = f"stages.{ctx.plan.name}.rewards[{index}]"
+        if spec.function is not None:
+            sources.append(guarded_function(spec.function, spec.args, where))
+            tokenizers.append(None)
+            name = spec.function.rsplit(".", 1)[-1]
+        else:
+            model, tokenizer = frozen_reward_model(ctx, spec, where, placed=placed)
+            sources.append(model)
+            tokenizers.append(tokenizer)
+            name = "model"
+        names.append(name if name not in names else f"{name}_{index}")
+    return Rewards(sources, tokenizers, names, [reward.weight for reward in ctx.plan.stage.rewards])
+
+
+@torch.no_grad()
+def model_scores(model: Any, tokenizer: Any, prompts: list[Any], completions: list[Any]) -> list[float]:
+    """A reward model's scores, on the text TRL gives it: the chat-formatted prompt and completion.
+
+    One forward per completion, so that every rank makes the same number of calls (a sharded model's
+    forward is a collective) and no padding side can shift the scored token."""
+    scores = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        if isinstance(prompt, list):
+            text = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+        else:
+            text = prompt + completion
+        batch = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(model.device)
+        scores.append(float(model(**batch).logits[0, 0]))
+    return scores
+
+
+def sample_completions(policy: Any, tokenizer: Any, prompts: list[Any], config: Any, seed: int) -> list[Any]:
+    """Seeded completions with the training sampling settings, in TRL's shape."""
+    completions = []
+    synced = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), GENERATION_CHUNK):
+            chunk = prompts[start : start + GENERATION_CHUNK]
+            sampled = generate(
+                policy,
+                tokenizer,
+                chunk,
+                max_new_tokens=config.max_completion_length,
+                temperature=config.temperature,
+                top_k=config.top_k or 0,
+                top_p=config.top_p,
+                stop_at_eos=getattr(config, "stop_token", "eos") == "eos",
+                synced=synced,
+            )
+            completions += decode(tokenizer, sampled, chunk)
+    return completions
+
+
+def held_out_rows(train: Any, evaluation: Any) -> Any:
+    """The stage's eval prompts, else the first train prompts."""
+    return evaluation if evaluation is not None else train.select(range(min(EVAL_ROWS, len(train))))
+
+
+@torch.no_grad()
+def held_out_rewards(policy: Any, tokenizer: Any, rows: Any, rewards: Rewards, config: Any, seed: int) -> dict[str, float]:
+    """Mean weighted reward, and each reward's mean, of seeded samples for the held-out prompts."""
+    was_training = policy.training
+    policy.eval()
+    prompts = list(rows["prompt"]) * EVAL_SAMPLES
+    completions = sample_completions(policy, tokenizer, prompts, config, seed)
+    policy.train(was_training)
+    columns = {key: list(rows[key]) * EVAL_SAMPLES for key in rows.column_names if key != "prompt"}
+    values = rewards.score(prompts, completions, columns)
+    means = {f"reward_{name}": sum(found) / max(len(found), 1) for name, found in values.items()}
+    total = rewards.total(values)
+    return {"reward_mean": sum(total) / max(len(total), 1), **means}

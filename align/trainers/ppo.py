@@ -1,0 +1,385 @@
+"""align's PPO trainer: a policy and its critic trained with clipped PPO against a KL-penalised reward.
+
+TRL removed its PPO (shared/STACK.md), so align ships one. It is a `transformers.Trainer` subclass, as
+TRL's trainers are, so every align backend runs it unchanged: DDP wraps, DeepSpeed ZeRO-2 partitions and
+FSDP2 shards the one module the Trainer trains, `PolicyAndValue`, which holds the policy and its critic.
+
+One rollout (per rank, `PPOConfig.rollout_batch_size` prompts):
+1. the policy samples a completion per prompt with HF `generate`, cut at the stop token;
+2. the rewards score the texts; a completion that never produced its stop token loses `missing_eos_penalty`;
+3. no-grad forwards give the policy's and the reference's log-probs and the critic's values;
+4. per-token rewards (KL penalty, score at the last token), GAE advantages (whitened) and returns.
+Then `num_ppo_epochs` passes of `num_mini_batches` optimizer steps over the rollout: the Trainer's own
+loop runs them, one micro-batch per `training_step`, drawn by `_prepare_inputs` from the rollout.
+
+The reference is the policy with its adapters disabled under LoRA, else a frozen copy placed by the
+backend; the critic is a value head on the policy's trunk, or its own LoRA adapter on the same frozen base
+plus a head (`value: adapter`). Logged keys follow TRL's last PPO: objective/kl, objective/scores,
+objective/rlhf_reward, objective/non_score_reward, loss/policy_avg, loss/value_avg, policy/clipfrac_avg,
+policy/approxkl_avg, val/clipfrac_avg, val/num_eos_tokens; `reward` is the mean score as GRPO logs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+from transformers import Trainer
+
+from align.trainers.ppo_config import PPOConfig
+from align.trainers.ppo_math import (
+    adaptive_kl_coef,
+    generalized_advantages,
+    masked_mean,
+    masked_whiten,
+    per_token_rewards,
+    ppo_losses,
+    token_log_probs,
+)
+from align.trainers.sampling import decode, generate
+
+VALUE_ADAPTER = "value"
+VALUE_HEAD_FILE = "value_head.pt"
+# rewards(prompts, completions, columns) -> (weighted score per completion, each reward's values)
+RewardFn = Callable[[list[Any], list[Any], dict[str, list[Any]]], tuple[list[float], dict[str, list[float]]]]
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as `generate` computes them, so log-probs match the sampling."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def causal_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+        **kwargs,
+    )
+
+
+@contextmanager
+def lora_layers(model: nn.Module, *, active: str | None = None, disabled: bool = False) -> Iterator[None]:
+    """Run the LoRA layers with one adapter (`active`), or with none (`disabled`), for this block.
+
+    PEFT's `set_adapter` and `disable_adapter` also re-mark which parameters are trainable: leaving
+    either would freeze the critic's adapter, under a DDP or DeepSpeed wrap that expects its gradients.
+    So only the layers' switches are flipped, and put back."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    saved = [(layer._active_adapter, layer._disable_adapters) for layer in layers]
+    for layer in layers:
+        layer._active_adapter = [active] if active else layer._active_adapter
+        layer._disable_adapters = disabled
+    try:
+        yield
+    finally:
+        for layer, (names, off) in zip(layers, saved, strict=True):
+            layer._active_adapter, layer._disable_adapters = names, off
+
+
+class PolicyAndValue(nn.Module):
+    """The policy and its critic as the one module the Trainer trains; `forward` gives logits and values.
+
+    `value_adapter=False`: the critic is a linear head on the policy's last hidden state (one forward).
+    `value_adapter=True`: the policy (a PEFT model) carries a second adapter, `value`, and the critic's head
+    reads the base run with that adapter instead (a second forward, no second base).
+    """
+
+    def __init__(self, policy: nn.Module, value_adapter: bool) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value_adapter = value_adapter
+        weight = next(policy.parameters())
+        self.value_head = nn.Linear(policy.config.hidden_size, 1, device=weight.device)
+        nn.init.zeros_(self.value_head.weight)  # values start at 0: the first advantages are the rewards
+        nn.init.zeros_(self.value_head.bias)
+        self.config = policy.config
+        # a model sharded at load (FSDP2) reduces its own gradients; the Trainer must not wrap it in DDP
+        self.is_distributed_loading_by_transformers = getattr(policy, "is_distributed_loading_by_transformers", False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = causal_logits(self.policy, input_ids, attention_mask, output_hidden_states=not self.value_adapter)
+        if self.value_adapter:
+            with lora_layers(self.policy, active=VALUE_ADAPTER):
+                hidden = causal_logits(self.policy, input_ids, attention_mask, output_hidden_states=True)
+            hidden = hidden.hidden_states[-1]
+        else:
+            hidden = outputs.hidden_states[-1]
+        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return outputs.logits, values
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        """The Trainer's `gradient_checkpointing: true` reaches the policy (the critic shares its trunk)."""
+        self.policy.gradient_checkpointing_enable(**kwargs)
+
+    def reference(self) -> Any:
+        """The LoRA reference: the same base with every adapter off (no copy)."""
+        return lora_layers(self.policy, disabled=True)
+
+
+def add_value_adapter(policy: nn.Module, lora_config: Any) -> None:
+    """A second LoRA adapter for the critic; both adapters stay trainable in the one optimizer."""
+    policy.add_adapter(VALUE_ADAPTER, lora_config)
+    for name, param in policy.named_parameters():
+        if "lora_" in name:
+            param.requires_grad_(True)
+
+
+class RolloutSampler(Sampler[list[int]]):
+    """This rank's prompts for each rollout, each batch yielded once per micro-batch trained on it: the
+    Trainer's loop then calls `training_step` exactly as often as PPO steps through the rollout.
+    Every rank draws from the same seeded permutation and takes its own slice."""
+
+    def __init__(self, size: int, batch: int, repeats: int, rank: int, world: int, seed: int) -> None:
+        self.size, self.batch, self.repeats = size, batch, repeats
+        self.rank, self.world, self.seed = rank, world, seed
+        self.epoch = 0
+        if size < batch * world:
+            raise ValueError(
+                f"a rollout takes {batch} prompts on each of {world} ranks, and the data has {size} rows"
+            )
+
+    def __len__(self) -> int:
+        return self.size // (self.batch * self.world) * self.repeats
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        self.epoch += 1
+        step = self.batch * self.world
+        for start in range(0, self.size - step + 1, step):
+            indices = order[start + self.rank * self.batch : start + (self.rank + 1) * self.batch].tolist()
+            for _ in range(self.repeats):
+                yield indices
+
+
+@dataclass
+class Rollout:
+    """One rollout's tensors, row-aligned; `prompt_length` is where the completions start."""
+
+    tensors: dict[str, torch.Tensor]
+    prompt_length: int
+
+    def select(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {key: value[rows] for key, value in self.tensors.items()}
+
+
+class PPOTrainer(Trainer):
+    """PPO over a `PolicyAndValue`, with rewards given as one function (see `RewardFn`)."""
+
+    def __init__(
+        self,
+        *,
+        model: PolicyAndValue,
+        ref_model: nn.Module | None,
+        rewards: RewardFn,
+        args: PPOConfig,
+        train_dataset: Any,
+        processing_class: Any,
+        callbacks: list[Any] | None = None,
+    ) -> None:
+        for module in model.modules():  # PPO's ratio compares the same network twice: no dropout noise
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+        )
+        self.ref_model = ref_model
+        self.rewards = rewards
+        self.kl_coef = args.kl_coef
+        self.model_accepts_loss_kwargs = False  # the Trainer divides the loss by the accumulation steps
+        self.rollout: Rollout | None = None
+        self.schedule: list[torch.Tensor] = []
+        self.micro_steps = 0
+        self.shuffle = torch.Generator().manual_seed(args.seed)
+        self.logged: dict[str, list[float]] = defaultdict(list)
+
+    # --- data: prompts in, one rollout per `micro_batches_per_rollout` micro-steps ---
+
+    def get_train_dataloader(self) -> DataLoader:
+        sampler = RolloutSampler(
+            len(self.train_dataset),
+            self.args.rollout_batch_size,
+            self.args.micro_batches_per_rollout,
+            self.args.process_index,
+            self.args.world_size,
+            self.args.seed,
+        )
+        return DataLoader(self.train_dataset, batch_sampler=sampler, collate_fn=list)
+
+    def _prepare_inputs(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        position = self.micro_steps % self.args.micro_batches_per_rollout
+        if position == 0:
+            self.rollout = self.make_rollout(rows)
+            self.schedule = self.micro_batch_order(len(rows))
+        self.micro_steps += 1
+        return self.rollout.select(self.schedule[position])
+
+    def micro_batch_order(self, rows: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: every epoch a fresh shuffle, cut into mini- then micro-batches."""
+        size = self.args.per_device_train_batch_size
+        order = []
+        for _ in range(self.args.num_ppo_epochs):
+            shuffled = torch.randperm(rows, generator=self.shuffle)
+            order += list(shuffled.split(size))
+        return order
+
+    # --- the rollout ---
+
+    @torch.no_grad()
+    def make_rollout(self, rows: list[dict[str, Any]]) -> Rollout:
+        args = self.args
+        wrapper = self.model
+        wrapper.eval()
+        prompts = [row["prompt"] for row in rows]
+        sampled = generate(
+            wrapper.policy,
+            self.processing_class,
+            prompts,
+            max_new_tokens=args.max_completion_length,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            stop_at_eos=args.stop_token == "eos",
+            synced=args.world_size > 1,
+        )
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
+        scores, by_reward = self.rewards(prompts, decode(self.processing_class, sampled, prompts), columns)
+        device = sampled.completion_ids.device
+        scores = torch.tensor(scores, dtype=torch.float32, device=device)
+        if args.missing_eos_penalty is not None:
+            scores = scores - args.missing_eos_penalty * (~sampled.ended).float()
+        input_ids, attention_mask = sampled.input_ids, sampled.attention_mask
+        prompt_length = sampled.prompt_ids.shape[1]
+        log_probs, values, ref_log_probs = self.score_tokens(wrapper, input_ids, attention_mask, prompt_length)
+        mask = sampled.completion_mask.float()
+        kl = (log_probs - ref_log_probs) * mask
+        rewards = per_token_rewards(scores, kl, mask, self.kl_coef)
+        if args.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        advantages, returns = generalized_advantages(rewards, values, mask, args.gamma, args.lam)
+        advantages = masked_whiten(advantages, mask)
+        wrapper.train()
+        self.record_rollout(scores, kl, mask, sampled.ended, by_reward)
+        tensors = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "completion_mask": mask,
+            "old_log_probs": log_probs,
+            "old_values": values,
+            "advantages": advantages,
+            "returns": returns,
+        }
+        return Rollout(tensors, prompt_length)
+
+    def score_tokens(
+        self, wrapper: PolicyAndValue, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy log-probs, values and reference log-probs of the completion tokens, in chunks."""
+        found = defaultdict(list)
+        for rows in torch.arange(len(input_ids)).split(self.args.forward_batch_size):
+            ids, mask = input_ids[rows], attention_mask[rows]
+            tokens = ids[:, prompt_length:]
+            logits, values = wrapper(ids, mask)
+            with wrapper.reference() if self.ref_model is None else nullcontext():
+                reference = wrapper.policy if self.ref_model is None else self.ref_model
+                ref_logits = causal_logits(reference, ids, mask).logits
+            span = slice(prompt_length - 1, -1)  # the logits at t predict the token at t + 1
+            found["policy"].append(token_log_probs(logits[:, span], tokens, self.args.temperature))
+            found["values"].append(values[:, span].float())
+            found["reference"].append(token_log_probs(ref_logits[:, span], tokens, self.args.temperature))
+        return tuple(torch.cat(found[key]) for key in ("policy", "values", "reference"))
+
+    def record_rollout(
+        self,
+        scores: torch.Tensor,
+        kl: torch.Tensor,
+        mask: torch.Tensor,
+        ended: torch.Tensor,
+        by_reward: dict[str, list[float]],
+    ) -> None:
+        """Rollout statistics averaged over ranks; the adaptive KL controller steps on the global KL."""
+        kl_per_sequence = kl.sum(dim=1)
+        local = {
+            "objective/kl": kl_per_sequence.mean(),
+            "objective/scores": scores.mean(),
+            "objective/non_score_reward": (-self.kl_coef * kl_per_sequence).mean(),
+            "objective/rlhf_reward": (scores - self.kl_coef * kl_per_sequence).mean(),
+            "val/num_eos_tokens": ended.float().mean(),
+            "completion_length": mask.sum(dim=1).mean(),
+            **{f"rewards/{name}": torch.tensor(values, dtype=torch.float32).mean() for name, values in by_reward.items()},
+        }
+        stacked = torch.stack([value.float().to(scores.device) for value in local.values()])
+        means = dict(zip(local, self.accelerator.reduce(stacked, "mean").tolist(), strict=True))
+        means["objective/kl_coef"] = self.kl_coef
+        means["reward"] = means["objective/scores"]
+        for key, value in means.items():
+            self.logged[key].append(value)
+        if self.args.kl_target is not None:
+            samples = self.args.rollout_batch_size * self.args.world_size
+            self.kl_coef = adaptive_kl_coef(
+                self.kl_coef, means["objective/kl"], self.args.kl_target, samples, self.args.kl_horizon
+            )
+
+    # --- the update ---
+
+    def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, **_: Any):
+        start = self.rollout.prompt_length
+        logits, values = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        span = slice(start - 1, -1)
+        losses = ppo_losses(
+            log_probs=token_log_probs(logits[:, span], inputs["input_ids"][:, start:], self.args.temperature),
+            old_log_probs=inputs["old_log_probs"],
+            advantages=inputs["advantages"],
+            values=values[:, span].float(),
+            old_values=inputs["old_values"],
+            returns=inputs["returns"],
+            mask=inputs["completion_mask"],
+            cliprange=self.args.cliprange,
+            cliprange_value=self.args.cliprange_value,
+            vf_coef=self.args.vf_coef,
+        )
+        for key, value in (
+            ("loss/policy_avg", losses.policy),
+            ("loss/value_avg", losses.value),
+            ("policy/clipfrac_avg", losses.clip_fraction),
+            ("policy/approxkl_avg", losses.approx_kl),
+            ("val/clipfrac_avg", losses.value_clip_fraction),
+        ):
+            self.logged[key].append(float(value.detach()))
+        return (losses.total, None) if return_outputs else losses.total
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the PPO statistics gathered since the last log (each rank logs the same keys)."""
+        if self.logged:
+            keys = sorted(self.logged)
+            local = torch.tensor([sum(self.logged[k]) / len(self.logged[k]) for k in keys], device=self.args.device)
+            logs = {**logs, **dict(zip(keys, self.accelerator.reduce(local, "mean").tolist(), strict=True))}
+            self.logged.clear()
+        super().log(logs, start_time)
+
+    # --- saving: the policy as plain transformers/peft files, the critic beside it ---
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write the policy with `save_pretrained` (every rank joins, a sharded one gathers) and the critic's
+        head as `value_head.pt`; PEFT writes the value adapter, if any, in `value/`."""
+        output_dir = output_dir or self.args.output_dir
+        wrapper = self.accelerator.unwrap_model(self.model)
+        wrapper.policy.save_pretrained(output_dir, is_main_process=self.args.should_save)
+        if self.args.should_save:
+            os.makedirs(output_dir, exist_ok=True)
+            torch.save(wrapper.value_head.state_dict(), os.path.join(output_dir, VALUE_HEAD_FILE))
+            self.processing_class.save_pretrained(output_dir)
