@@ -79,8 +79,20 @@ class Architecture:
         lm_head = 0 if self.tie_embeddings else embeddings
         return embeddings + layers + self.hidden_size + lm_head
 
+    def reward_model_param_count(self) -> int:
+        """This trunk as a one-label sequence classifier (what a `reward` stage writes): the lm_head
+        gives way to a bias-free hidden -> 1 score head."""
+        lm_head = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return self.param_count() - lm_head + self.hidden_size
+
     def activation_bytes(
-        self, micro_batch_size: int, seq_len: int, *, width: int, gradient_checkpointing: bool
+        self,
+        micro_batch_size: int,
+        seq_len: int,
+        *,
+        width: int,
+        gradient_checkpointing: bool,
+        trunk_passes: int = 1,
     ) -> int:
         """Activations kept for backward, after Korthikanti et al. 2022 (no tensor parallelism).
 
@@ -91,13 +103,16 @@ class Architecture:
         s*b*V*(width + 4 + 4) bytes at 16 bits (the logits, their fp32 upcast for the loss and
         cross-entropy's saved log-softmax), s*b*V*8 at fp32; at a 128k vocabulary they
         outweigh several layers.
+
+        `trunk_passes` counts forwards through the layers that backward needs: a PPO critic on its own
+        LoRA adapter runs the trunk a second time on the same tokens and ends in a value head, not logits.
         """
         token_width = micro_batch_size * seq_len * self.hidden_size * width
         full_layer = 17 * token_width
-        if gradient_checkpointing:
-            layers = self.num_layers * token_width + full_layer
+        if gradient_checkpointing:  # layers are recomputed one at a time, whichever pass they belong to
+            layers = trunk_passes * self.num_layers * token_width + full_layer
         else:
-            layers = self.num_layers * full_layer
+            layers = trunk_passes * self.num_layers * full_layer
         logit_bytes = 8 if width == 4 else 8 + width
         return layers + micro_batch_size * seq_len * self.vocab_size * logit_bytes
 

@@ -76,6 +76,9 @@ class Workload:
 
     micro_batch_size counts sequences per forward: a DPO pair is two.
     seq_len 0 leaves activations out of the plan.
+    extra_trainable: parameters trained beside the policy's in its optimizer (a PPO critic's value head,
+    or its own LoRA adapter and head); each holds the same model states as a policy parameter.
+    trunk_passes: forwards through the decoder layers kept for backward (2 for a critic on its own adapter).
     """
 
     dtype: str = "bf16"
@@ -86,6 +89,8 @@ class Workload:
     micro_batch_size: int = 1
     seq_len: int = 0
     gradient_checkpointing: bool = False
+    extra_trainable: int = 0
+    trunk_passes: int = 1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -94,9 +99,10 @@ class Workload:
             raise ValueError("4-bit quantized weights cannot be trained directly: set a LoRA rank (QLoRA)")
         if self.lora_rank is not None:
             resolve_lora_targets(self.lora_targets)
-        if self.micro_batch_size < 1 or self.seq_len < 0:
+        if self.micro_batch_size < 1 or self.trunk_passes < 1 or min(self.seq_len, self.extra_trainable) < 0:
             raise ValueError(
-                f"micro_batch_size {self.micro_batch_size} and seq_len {self.seq_len}: need >= 1 and >= 0"
+                f"micro_batch_size {self.micro_batch_size}, trunk_passes {self.trunk_passes}: need >= 1; "
+                f"seq_len {self.seq_len}, extra_trainable {self.extra_trainable}: need >= 0"
             )
 
 
@@ -140,6 +146,7 @@ class MemoryEstimate:
     trainable_params: int
     device: StateBytes
     host: StateBytes
+    frozen_by_role: tuple[tuple[str, int, int], ...] = ()  # (role, device, host) of each frozen model
 
     @property
     def total(self) -> int:
@@ -147,12 +154,13 @@ class MemoryEstimate:
         return self.device.total
 
     def rows(self) -> list[tuple[str, int, int]]:
-        """(label, device bytes, host bytes) per category, then the totals, for a table."""
+        """(label, device bytes, host bytes) per category, each frozen model under theirs, then the totals."""
         rows = [
             (label, getattr(self.device, key), getattr(self.host, key)) for key, label in _ROW_LABELS.items()
         ]
         states = ("model states", self.device.model_states, self.host.model_states)
-        return [*rows[:4], states, *rows[4:], ("total", self.device.total, self.host.total)]
+        frozen = [(f"  {role}", device, host) for role, device, host in self.frozen_by_role]
+        return [*rows[:4], states, rows[4], *frozen, rows[5], ("total", self.device.total, self.host.total)]
 
 
 def dpo_reference(model: Architecture | int, *, lora_rank: int | None, dtype: str) -> tuple[FrozenModel, ...]:
@@ -185,7 +193,7 @@ def estimate(
     states = _model_states(trainable, workload.dtype)
     base = _frozen_base_bytes(model, workload) if workload.lora_rank is not None else 0
     device, host = _place_policy(states, base, backend, world_size, offload_optimizer, offload_params)
-    frozen_device, frozen_host = _frozen_models_bytes(workload.frozen_models, backend, world_size)
+    frozen = tuple((m.role, *_frozen_model_bytes(m, backend, world_size)) for m in workload.frozen_models)
     activations = 0
     if isinstance(model, Architecture):
         activations = model.activation_bytes(
@@ -193,13 +201,15 @@ def estimate(
             workload.seq_len,
             width=DTYPE_BYTES[workload.dtype],
             gradient_checkpointing=workload.gradient_checkpointing,
+            trunk_passes=workload.trunk_passes,
         )
     return MemoryEstimate(
         backend=backend,
         world_size=world_size,
         trainable_params=trainable,
-        device=replace(device, frozen=frozen_device, activations=activations),
-        host=replace(host, frozen=frozen_host),
+        device=replace(device, frozen=sum(row[1] for row in frozen), activations=activations),
+        host=replace(host, frozen=sum(row[2] for row in frozen)),
+        frozen_by_role=frozen,
     )
 
 
@@ -295,8 +305,8 @@ def _param_count(model: Architecture | int) -> int:
 
 def _trainable_params(model: Architecture | int, workload: Workload) -> int:
     if workload.lora_rank is None:
-        return _param_count(model)
-    return model.lora_param_count(workload.lora_rank, workload.lora_targets)
+        return _param_count(model) + workload.extra_trainable
+    return model.lora_param_count(workload.lora_rank, workload.lora_targets) + workload.extra_trainable
 
 
 def _model_states(trainable: int, dtype: str) -> StateBytes:
@@ -360,19 +370,15 @@ def _zero2(states: StateBytes, params: int, n: int, offload_optimizer: bool) -> 
     return StateBytes(params, grads, optimizer, master=fp32_partition), StateBytes()
 
 
-def _frozen_models_bytes(models: tuple[FrozenModel, ...], backend: str, n: int) -> tuple[int, int]:
-    """(device, host) bytes per rank of models held for inference."""
-    device = host = 0
-    for frozen in models:
-        size = frozen.param_count * DTYPE_BYTES[frozen.dtype]
-        placement = frozen.placement
-        if placement == "with_policy":
-            placement = "sharded" if backend == "fsdp" else "replicated"
-        if placement == "cpu":
-            host += size
-        else:
-            device += _shard(size, n) if placement == "sharded" else size
-    return device, host
+def _frozen_model_bytes(frozen: FrozenModel, backend: str, n: int) -> tuple[int, int]:
+    """(device, host) bytes per rank of a model held for inference."""
+    size = frozen.param_count * DTYPE_BYTES[frozen.dtype]
+    placement = frozen.placement
+    if placement == "with_policy":
+        placement = "sharded" if backend == "fsdp" else "replicated"
+    if placement == "cpu":
+        return 0, size
+    return (_shard(size, n) if placement == "sharded" else size), 0
 
 
 def _describe(model: Architecture | int, workload: Workload) -> str:

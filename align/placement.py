@@ -1,7 +1,7 @@
-"""Where each model of a stage lives (policy, reference, reward, value), decided per backend.
+"""Where each model of a stage lives (policy, reference, reward models, value), decided per backend.
 
 This is the one place that decides it: `align plan` prints it, the memory plan counts it, and the
-stage runners follow it by asking for `Placement.reference` instead of testing the backend.
+stage runners follow it by reading `Placement`'s fields instead of testing the backend.
 """
 
 from __future__ import annotations
@@ -9,20 +9,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from align.memory import FrozenModel
+from align.spec import PPOStage, RewardedStage, Stage, TrainingStage
+from align.trl_args import trl_setting
 
 REFERENCE_NONE = "none"
 REFERENCE_ADAPTERS_DISABLED = "adapters-disabled"
 REFERENCE_COPY = "frozen-copy"
 REFERENCE_PRECOMPUTED = "precomputed"
 
+REWARD_MODELS_NONE = "none"  # no `model:` among the rewards: functions cost no model memory
+REWARD_MODELS_REPLICATED = "replicated"
+REWARD_MODELS_SHARDED = "sharded"
+
+VALUE_NONE = "none"
+VALUE_HEAD = "head"
+VALUE_ADAPTER = "adapter"
+
+FROZEN_HELD = {
+    "ddp": "replicated on every rank",
+    "zero2": "replicated on every rank",
+    "fsdp": "sharded like the policy",
+}
+"""How a frozen model (a reference copy, a reward model) is held: alongside the policy, as TRL
+prepares a reference (DeepSpeed below stage 3 and DDP keep it whole; FSDP shards it)."""
+
+VALUE_DESCRIPTIONS = {
+    VALUE_HEAD: "a value head (hidden -> 1) on the policy's own trunk, trained with the policy: "
+    "one forward gives logits and values",
+    VALUE_ADAPTER: "its own LoRA adapter (the policy's r and targets) and a value head on the policy's "
+    "frozen base (no second base), trained with the policy in one optimizer",
+}
+
 
 @dataclass(frozen=True)
 class Placement:
-    """For each model role, how it is held; `reference` is what a DPO runner acts on."""
+    """For each model role, how it is held: runners act on the fields, people read `description`.
+
+    reference: REFERENCE_*, the DPO reference or the KL reference of PPO/GRPO/RLOO.
+    reward_models: REWARD_MODELS_*, how every `rewards[i].model` is held, each frozen.
+    value: VALUE_*, the PPO critic (`value:` of the stage).
+    """
 
     policy: str
     reference: str
     description: dict[str, str]
+    reward_models: str = REWARD_MODELS_NONE
+    value: str = VALUE_NONE
 
 
 def policy_placement(backend: str, lora: bool, quantize_4bit: bool) -> str:
@@ -36,33 +68,70 @@ def policy_placement(backend: str, lora: bool, quantize_4bit: bool) -> str:
     return f"{base}, {held}"
 
 
-def plan_placement(
-    kind: str, backend: str, lora: bool, quantize_4bit: bool, precompute: bool = False
-) -> Placement:
-    """The placement of every model a stage kind uses under one backend.
+def plan_placement(stage: Stage, backend: str, precompute: bool = False) -> Placement:
+    """The placement of every model a stage uses under one backend.
 
-    `precompute`: the full-parameter reference is replaced by log-probs computed from the policy
-    before its first step (when it still is the reference), so no copy is kept during training.
+    `precompute` (DPO only): the full-parameter reference is replaced by log-probs computed from the
+    policy before its first step (when it still is the reference), so no copy is kept during training.
+    PPO, GRPO and RLOO need the reference on each rollout's new completions, so theirs stays.
     """
-    policy = policy_placement(backend, lora, quantize_4bit)
-    if kind != "dpo":
-        return Placement(policy, REFERENCE_NONE, {"policy": policy})
-    if lora:
-        reference, how = REFERENCE_ADAPTERS_DISABLED, "the policy's base with adapters disabled (no copy)"
-    elif precompute and backend != "fsdp":
-        reference, how = (
-            REFERENCE_PRECOMPUTED,
-            "log-probs precomputed from the policy before training (no copy)",
+    lora = isinstance(stage, TrainingStage) and stage.lora is not None
+    policy = policy_placement(backend, lora, lora and stage.lora.load_in_4bit)
+    description = {"policy": policy}
+    reference = REFERENCE_NONE
+    if uses_reference(stage):
+        reference, description["reference"] = reference_placement(
+            backend, lora, precompute and stage.kind == "dpo"
         )
-    elif backend == "fsdp":
-        reference, how = REFERENCE_COPY, "frozen copy, sharded like the policy"
-    else:
-        reference, how = REFERENCE_COPY, "frozen copy, replicated on every rank"
-    return Placement(policy, reference, {"policy": policy, "reference": how})
+    reward_models = REWARD_MODELS_NONE
+    if isinstance(stage, RewardedStage):
+        reward_models, description["rewards"] = reward_placement(stage, backend)
+    value = VALUE_NONE
+    if isinstance(stage, PPOStage):
+        value = stage.value
+        description["value"] = VALUE_DESCRIPTIONS[value]
+    return Placement(policy, reference, description, reward_models, value)
 
 
-def frozen_models(placement: Placement, param_count: int, dtype: str) -> tuple[FrozenModel, ...]:
-    """The frozen models the memory plan must count for this placement."""
-    if placement.reference != REFERENCE_COPY:
-        return ()
-    return (FrozenModel("reference", param_count, dtype),)
+def uses_reference(stage: Stage) -> bool:
+    """DPO and PPO always compare with a reference; GRPO and RLOO only with a KL term (`beta` > 0)."""
+    if stage.kind in ("dpo", "ppo"):
+        return True
+    return stage.kind in ("grpo", "rloo") and trl_setting(stage.kind, stage.trl, "beta") > 0
+
+
+def reference_placement(backend: str, lora: bool, precompute: bool) -> tuple[str, str]:
+    """(REFERENCE_*, in words) for a stage that uses a reference."""
+    if lora:
+        return REFERENCE_ADAPTERS_DISABLED, "the policy's base with adapters disabled (no copy)"
+    if precompute and backend != "fsdp":
+        return REFERENCE_PRECOMPUTED, "log-probs precomputed from the policy before training (no copy)"
+    return REFERENCE_COPY, f"frozen copy, {FROZEN_HELD[backend]}"
+
+
+def reward_placement(stage: RewardedStage, backend: str) -> tuple[str, str]:
+    """(REWARD_MODELS_*, each reward in words): reward models are frozen and held like a reference copy."""
+    words = [
+        f"rewards[{index}] {reward.model}: frozen reward model, {FROZEN_HELD[backend]}"
+        if reward.model is not None
+        else f"rewards[{index}] {reward.function}: a function (no model memory)"
+        for index, reward in enumerate(stage.rewards)
+    ]
+    if all(reward.model is None for reward in stage.rewards):
+        return REWARD_MODELS_NONE, "; ".join(words)
+    held = REWARD_MODELS_SHARDED if backend == "fsdp" else REWARD_MODELS_REPLICATED
+    return held, "; ".join(words)
+
+
+def frozen_models(
+    placement: Placement, param_count: int, dtype: str, reward_params: dict[int, int] | None = None
+) -> tuple[FrozenModel, ...]:
+    """The frozen models the memory plan must count for this placement, each held with the policy.
+
+    param_count: the policy's, which a reference copy shares. reward_params: each reward model's
+    parameter count by its index in `rewards:`.
+    """
+    copy = placement.reference == REFERENCE_COPY
+    reference = (FrozenModel("reference", param_count, dtype),) if copy else ()
+    rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype) for i, count in (reward_params or {}).items())
+    return reference + rewards

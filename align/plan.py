@@ -13,10 +13,14 @@ from align.cache import cache_root
 from align.errors import AlignError, ConfigError
 from align.graph import order, reference_target, references
 from align.memory import USABLE_FRACTION, MemoryEstimate, Workload, choose_backend, estimate, parse_memory
-from align.placement import REFERENCE_COPY, Placement, frozen_models, plan_placement
-from align.spec import Pipeline, Stage, TrainingStage
+from align.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
+from align.spec import Pipeline, RewardedStage, Stage, TrainingStage
+from align.trl_args import trl_setting
 
 DEFAULT_DEVICE_MEMORY = "80GB"
+PROMPT_TOKENS = 512
+"""The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
+prompt, so a trained sequence is this plus `max_completion_length`. An assumption, not a limit."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,32 @@ def root_model(pipeline: Pipeline, name: str) -> str:
 
 def stage_architecture(pipeline: Pipeline, name: str) -> Architecture | None:
     """The architecture of a stage's model from its config or a preset; a builtin once it is cached."""
-    source = root_model(pipeline, name)
+    return model_architecture(root_model(pipeline, name))
+
+
+def model_architecture(source: str) -> Architecture | None:
+    """The architecture of a model folder or hub id from its config or a preset; a builtin once cached."""
     cached = cache_root() / "models" / source
     return architecture_for(str(cached) if cached.is_dir() else source)
+
+
+def reward_model_params(pipeline: Pipeline, name: str, policy: Architecture) -> dict[int, int]:
+    """Each reward model's parameter count, by its index in the stage's `rewards:`.
+
+    A reward stage's output is its root model's trunk with a one-label score head; a folder or hub id
+    counts by its config.json or a preset. One whose shape is unknown before it is present (a hub id
+    without a preset) is assumed to share the policy's trunk.
+    """
+    stage = pipeline.stages[name]
+    if not isinstance(stage, RewardedStage):
+        return {}
+    counts = {}
+    for index, reward in enumerate(stage.rewards):
+        if reward.model is not None:
+            target = reference_target(reward.model)
+            shape = stage_architecture(pipeline, target) if target else model_architecture(reward.model)
+            counts[index] = (shape or policy).reward_model_param_count()
+    return counts
 
 
 def resolve_precision(requested: str, hardware: Hardware) -> str:
@@ -98,23 +125,48 @@ def resolve_precision(requested: str, hardware: Hardware) -> str:
     return "bf16" if hardware.bf16 else "fp32"
 
 
-def workload(stage: Stage, precision: str, placement: Placement, arch: Architecture) -> Workload:
-    """What the memory plan counts for a stage."""
+def workload(
+    stage: Stage,
+    precision: str,
+    placement: Placement,
+    arch: Architecture,
+    reward_params: dict[int, int] | None = None,
+) -> Workload:
+    """What the memory plan counts for a stage; `reward_params` as `reward_model_params` gives them.
+
+    A PPO critic trains beside the policy: its head, and under `value: adapter` a second LoRA adapter
+    whose forward through the shared trunk is kept for backward too. Rollouts (generation, and the
+    no-grad forwards of reference, reward models and critic) are transient and not counted.
+    """
     lora = stage.lora if isinstance(stage, TrainingStage) else None
     trl = stage.trl if isinstance(stage, TrainingStage) else {}
     pair = 2 if stage.kind == "dpo" else 1
+    targets = tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else "all-linear"
+    critic = 0
+    if placement.value != VALUE_NONE:
+        critic = arch.hidden_size + 1  # the value head, hidden -> 1 with a bias
+    if placement.value == VALUE_ADAPTER:
+        critic += arch.lora_param_count(lora.r, targets)
     return Workload(
         dtype="bf16" if precision == "fp32" and lora and lora.load_in_4bit else precision,
         lora_rank=lora.r if lora else None,
-        lora_targets=tuple(lora.target_modules)
-        if lora and isinstance(lora.target_modules, list)
-        else "all-linear",
+        lora_targets=targets,
         quantize_4bit=bool(lora and lora.load_in_4bit),
-        frozen_models=frozen_models(placement, arch.param_count(), precision),
+        frozen_models=frozen_models(placement, arch.param_count(), precision, reward_params),
         micro_batch_size=int(trl.get("per_device_train_batch_size", 8)) * pair,
-        seq_len=int(trl.get("max_length", 1024) or 1024),
+        seq_len=sequence_length(stage),
         gradient_checkpointing=bool(trl.get("activation_checkpointing") or trl.get("gradient_checkpointing")),
+        extra_trainable=critic,
+        trunk_passes=2 if placement.value == VALUE_ADAPTER else 1,
     )
+
+
+def sequence_length(stage: Stage) -> int:
+    """Tokens per trained sequence: `max_length`, or for online RL a prompt plus its completion."""
+    trl = stage.trl if isinstance(stage, TrainingStage) else {}
+    if isinstance(stage, RewardedStage):
+        return PROMPT_TOKENS + int(trl_setting(stage.kind, trl, "max_completion_length"))
+    return int(trl.get("max_length", 1024) or 1024)
 
 
 def choose(
@@ -154,21 +206,22 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         if stage.kind == "merge"
         else resolve_precision(pipeline.stage_setting(name, "precision"), hardware)
     )
-    lora = stage.lora if isinstance(stage, TrainingStage) else None
     arch = stage_architecture(pipeline, name)
     trains = isinstance(stage, TrainingStage)
-    quantized = bool(lora and lora.load_in_4bit)
-    draft = plan_placement(stage.kind, "ddp", bool(lora), quantized)
-    work = workload(stage, precision, draft, arch) if arch and trains else None
+    rewards = reward_model_params(pipeline, name, arch) if arch else {}
+    draft = plan_placement(stage, "ddp")
+    work = workload(stage, precision, draft, arch, rewards) if arch and trains else None
     backend, reason = choose(stage, pipeline.stage_setting(name, "backend"), workers, arch, hardware, work)
     chosen = "zero2+offload" if backend == "zero2" and offloads_optimizer(stage, backend) else backend
     asked = bool(trains and stage.trl.get("precompute_ref_log_probs"))
-    placement = plan_placement(stage.kind, backend, bool(lora), quantized, precompute=asked)
-    by_backend = memory_options(stage, arch, placement, precision, workers) if arch and trains else {}
+    placement = plan_placement(stage, backend, precompute=asked)
+    by_backend = (
+        memory_options(stage, arch, placement, precision, workers, rewards) if arch and trains else {}
+    )
     usable = hardware.device_memory * USABLE_FRACTION
-    if placement.reference == REFERENCE_COPY and by_backend and by_backend[chosen].total > usable:
-        lean = plan_placement(stage.kind, backend, bool(lora), quantized, precompute=True)
-        lean_memory = memory_options(stage, arch, lean, precision, workers)
+    lean = plan_placement(stage, backend, precompute=True)
+    if lean.reference != placement.reference and by_backend and by_backend[chosen].total > usable:
+        lean_memory = memory_options(stage, arch, lean, precision, workers, rewards)
         if lean_memory[chosen].total <= usable:  # the copy is what does not fit: precompute instead
             placement, by_backend = lean, lean_memory
     return StagePlan(
@@ -189,10 +242,15 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
 
 
 def memory_options(
-    stage: Stage, arch: Architecture, placement: Placement, precision: str, workers: int
+    stage: Stage,
+    arch: Architecture,
+    placement: Placement,
+    precision: str,
+    workers: int,
+    reward_params: dict[int, int] | None = None,
 ) -> dict[str, MemoryEstimate]:
     """The stage's per-rank memory under each backend option, for the given model placement."""
-    work = workload(stage, precision, placement, arch)
+    work = workload(stage, precision, placement, arch, reward_params)
     return {
         option: estimate(
             arch,

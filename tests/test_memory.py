@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from align.architectures import PRESETS, architecture_for, architecture_from_config
 from align.measure import measured_model_state_bytes
@@ -226,6 +226,33 @@ def test_activations_follow_the_documented_formula() -> None:
 
     assert stored_bytes == layers * 34 * s * b * h + logits == 235_264
     assert checkpointed_bytes == layers * 2 * s * b * h + 34 * s * b * h + logits == 173_824
+
+
+def test_a_critic_adapter_trains_beside_the_policy_and_runs_the_trunk_again() -> None:
+    """A PPO value adapter: its parameters carry the policy's 16 bytes each, and its own pass through
+    the layers is kept for backward; the logits come from the policy's pass alone."""
+    arch = architecture_from_config(tiny_config().to_dict())
+    s, b, h, layers, vocab = 16, 2, 64, 2, 300
+    lora = arch.lora_param_count(8)
+    critic = Workload(lora_rank=8, micro_batch_size=b, seq_len=s, extra_trainable=lora, trunk_passes=2)
+
+    plan = estimate(arch, critic, backend="ddp", world_size=1)
+
+    assert plan.trainable_params == 2 * lora
+    assert plan.device.optimizer == 8 * 2 * lora
+    assert plan.device.activations == 2 * layers * 34 * s * b * h + s * b * vocab * (2 + 4 + 4)
+    with pytest.raises(ValueError, match="trunk_passes"):
+        Workload(trunk_passes=0)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_reward_model_count_equals_a_real_one_label_classifier(tied: bool) -> None:
+    config = tiny_config(tie_word_embeddings=tied, num_labels=1)
+    model = LlamaForSequenceClassification(config)
+
+    assert architecture_from_config(config.to_dict()).reward_model_param_count() == sum(
+        p.numel() for p in model.parameters()
+    )
 
 
 def test_auto_picks_zero2_for_8b_qlora() -> None:

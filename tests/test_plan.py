@@ -1,10 +1,22 @@
 """`align plan`: backend choice with its reason, model placement, and memory per rank, with no weights."""
 
 import pytest
+import trl
 
 from align import spec
+from align.architectures import PRESETS
 from align.cli import main
+from align.memory import format_bytes
 from align.models import resolve_model
+from align.placement import (
+    REFERENCE_ADAPTERS_DISABLED,
+    REFERENCE_COPY,
+    REFERENCE_NONE,
+    REWARD_MODELS_REPLICATED,
+    REWARD_MODELS_SHARDED,
+    VALUE_ADAPTER,
+    VALUE_HEAD,
+)
 from align.plan import Hardware, build
 
 GB = 10**9
@@ -89,3 +101,68 @@ def test_a_full_parameter_reference_that_does_not_fit_is_precomputed_instead():
     assert tight.placement.reference == "precomputed"
     assert "precomputed" in tight.placement.description["reference"]
     assert tight.memory.device.frozen == 0 and tight.memory.total == ample.memory.total - frozen
+
+
+LLAMA3_8B = PRESETS["llama3-8b"]
+PSI_8B = 8_030_261_248
+REWARD_8B = PSI_8B - 128_256 * 4096 + 4096  # the lm_head gives way to a hidden -> 1 score head
+
+
+def test_ppo_lora_reference_is_the_base_and_a_value_adapter_doubles_the_trainable_parameters():
+    adapter = plan_of("pipelines/ppo_llama3.yaml", "80").stages["ppo"]
+    head = plan_of("pipelines/ppo_llama3.yaml", "80", "stages.ppo.value=head").stages["ppo"]
+    lora = LLAMA3_8B.lora_param_count(16, "all-linear")
+    value_head = 4096 + 1
+    assert adapter.placement.reference == head.placement.reference == REFERENCE_ADAPTERS_DISABLED
+    assert (adapter.placement.value, head.placement.value) == (VALUE_ADAPTER, VALUE_HEAD)
+    assert adapter.memory.trainable_params == 2 * lora + value_head
+    assert head.memory.trainable_params == lora + value_head
+    # one optimizer holds both adapters: ZeRO-Offload's fp32 moments on the host grow by 8 bytes each
+    assert adapter.memory.host.optimizer - head.memory.host.optimizer == 8 * lora // 8
+    # the critic's own pass through the 32 checkpointed layers: 4 x (512 + 512) tokens of 4096 bf16
+    extra_pass = 32 * 4 * (512 + 512) * 4096 * 2
+    assert adapter.memory.device.activations - head.memory.device.activations == extra_pass
+    # no reference copy under LoRA: the frozen bytes are the reward model's alone, on every rank
+    assert adapter.memory.device.frozen == 2 * REWARD_8B
+    assert adapter.placement.reward_models == REWARD_MODELS_REPLICATED
+
+
+def test_full_parameter_ppo_shards_its_reference_and_reward_model_under_fsdp():
+    plans = {
+        backend: plan_of("tests/plans/llama3_8b_ppo_full.yaml", "80", f"defaults.backend={backend}")
+        for backend in ("ddp", "fsdp")
+    }
+    ddp, fsdp = plans["ddp"].stages["ppo"], plans["fsdp"].stages["ppo"]
+    assert ddp.placement.reference == fsdp.placement.reference == REFERENCE_COPY
+    assert (ddp.placement.reward_models, fsdp.placement.reward_models) == (
+        REWARD_MODELS_REPLICATED,
+        REWARD_MODELS_SHARDED,
+    )
+    assert dict((role, device) for role, device, _ in ddp.memory.frozen_by_role) == {
+        "reference": 2 * PSI_8B,
+        "rewards[1]": 2 * REWARD_8B,  # rewards[0] is a function: no model memory
+    }
+    assert fsdp.memory.device.frozen == pytest.approx(2 * (PSI_8B + REWARD_8B) / 8, abs=2)
+    assert ddp.memory.trainable_params == PSI_8B + 4096 + 1  # the value head trains with the policy
+
+
+def test_grpo_counts_a_reference_copy_only_with_a_kl_term():
+    default = plan_of("tests/plans/llama3_8b_grpo_full.yaml", "80").stages["grpo"]
+    kl = plan_of("tests/plans/llama3_8b_grpo_full.yaml", "80", "stages.grpo.trl.beta=0.04").stages["grpo"]
+    rloo = plan_of("tests/plans/llama3_8b_grpo_full.yaml", "80", "stages.grpo.kind=rloo").stages["grpo"]
+    assert trl.GRPOConfig.beta == 0 < trl.RLOOConfig.beta  # TRL's defaults, which the plan follows
+    assert default.placement.reference == REFERENCE_NONE
+    assert kl.placement.reference == rloo.placement.reference == REFERENCE_COPY
+    # the reward model is a hub id without a preset: taken to be the policy's trunk as a classifier
+    assert default.memory.device.frozen == 2 * REWARD_8B
+    assert kl.memory.device.frozen == rloo.memory.device.frozen == 2 * REWARD_8B + 2 * PSI_8B
+
+
+def test_plan_shows_the_ppo_roles_and_their_bytes(capsys):
+    out = plan_output(capsys, "pipelines/ppo_llama3.yaml", "--device-memory", "80GB")
+    ppo = out[out.index("kind=ppo") :]
+    assert "reference: the policy's base with adapters disabled (no copy)" in ppo
+    assert "rewards: rewards[0] ${stages.rm.output}: frozen reward model, replicated on every rank" in ppo
+    assert "value: its own LoRA adapter" in ppo
+    row = next(line for line in ppo.splitlines() if line.strip().startswith("rewards[0]"))
+    assert row.split()[1:3] == format_bytes(2 * REWARD_8B).split()
