@@ -161,7 +161,7 @@ stages:
     data: {train: align:chatterbot/sft/train}
     trl: {output_dir: /tmp/x}
   rl:
-    kind: ppo
+    kind: kto
 """,
     )
     code, _, err = validate(capsys, path)
