@@ -12,7 +12,14 @@ from align.models import model_problem
 from align.rewards import args_problem, function_problem
 from align.spec import MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 
-DATA_KIND = {"sft": "sft", "dpo": "dpo", "reward": "reward", "grpo": "prompts", "rloo": "prompts", "ppo": "prompts"}
+DATA_KIND = {
+    "sft": "sft",
+    "dpo": "dpo",
+    "reward": "reward",
+    "grpo": "prompts",
+    "rloo": "prompts",
+    "ppo": "prompts",
+}
 
 
 def model_problems(pipeline: Pipeline) -> list[Problem]:

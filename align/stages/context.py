@@ -138,6 +138,43 @@ def save_outputs(ctx: StageContext, trainer: Any, tokenizer: Any, output: str) -
     return loss_curve(write_log_history(trainer, ctx.output_dir))
 
 
+def local_tensor(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: its shard under FSDP2, else the parameter itself."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def trainable_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of this rank's part of every trainable parameter, to tell after training which ones moved."""
+    return {
+        name: local_tensor(param).detach().clone()
+        for name, param in model.named_parameters()
+        if param.requires_grad
+    }
+
+
+def changed_share(model: torch.nn.Module, snapshot: dict[str, torch.Tensor]) -> float:
+    """Share of the snapshot's parameters that training changed, on any rank (every rank must call it)."""
+    params = dict(model.named_parameters())
+    flags = torch.tensor(
+        [
+            float(not torch.equal(local_tensor(params[name]).detach(), before))
+            for name, before in snapshot.items()
+        ]
+    )
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    return float(flags.mean()) if len(flags) else 0.0
+
+
+def step_seconds(trainer: Any) -> dict[str, float]:
+    """Mean wall time per optimizer step of the run just trained."""
+    runtime = next(
+        (entry["train_runtime"] for entry in trainer.state.log_history if "train_runtime" in entry), None
+    )
+    steps = trainer.state.global_step
+    return {"seconds_per_step": runtime / steps} if runtime and steps else {}
+
+
 def write_log_history(trainer: Any, output_dir: Path) -> list[dict[str, Any]]:
     """Every logged step to logs/metrics.jsonl, so a run's curve survives beside its outputs."""
     history = trainer.state.log_history

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from align.placement import REWARD_MODELS_SHARDED, VALUE_ADAPTER
 from align.stages.context import (
     StageContext,
     StageResult,
+    changed_share,
     frozen_reference,
     load_stage_model,
     loss_curve,
@@ -24,6 +26,8 @@ from align.stages.context import (
     stage_config,
     stage_data,
     stage_tokenizer,
+    step_seconds,
+    trainable_snapshot,
     write_log_history,
 )
 from align.stages.rl import Rewards, held_out_rewards, held_out_rows, stage_rewards
@@ -41,7 +45,7 @@ def policy_model(ctx: StageContext) -> Any:
     if lora.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     model = get_peft_model(model, peft_config(lora))
-    if ctx.plan.stage.value == "adapter":
+    if ctx.plan.placement.value == VALUE_ADAPTER:
         add_value_adapter(model, peft_config(lora))
     return model
 
@@ -60,12 +64,13 @@ def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with PPO, measure again, and save the policy (and its critic)."""
     stage = ctx.plan.stage
     train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
-    rewards = stage_rewards(ctx, placed=True)
+    rewards = stage_rewards(ctx, placed=ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED)
     config = stage_config(ctx, "ppo")
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     policy = policy_model(ctx)
+    model = PolicyAndValue(policy, value_adapter=ctx.plan.placement.value == VALUE_ADAPTER)
     trainer = PPOTrainer(
-        model=PolicyAndValue(policy, value_adapter=stage.value == "adapter"),
+        model=model,
         ref_model=frozen_reference(ctx),
         rewards=reward_function(rewards),
         args=config,
@@ -76,10 +81,14 @@ def run(ctx: StageContext) -> StageResult:
     ctx.backend.verify(policy, ctx.plan)
     held_out = held_out_rows(train, evaluation)
     before = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
+    snapshot = trainable_snapshot(model)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     after = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
     metrics = {f"{key}_before": value for key, value in before.items()}
     metrics.update({f"{key}_after": value for key, value in after.items()})
+    # policy, critic adapter and value head: each trainable parameter should have moved
+    metrics["trainable_changed"] = changed_share(model, snapshot)
+    metrics.update(step_seconds(trainer))
     output = "adapter" if stage.lora else "model"
     trainer.save_model(str(ctx.output_dir / output))
     if ctx.is_main:

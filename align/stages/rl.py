@@ -82,7 +82,9 @@ class Rewards:
     names: list[str]
     weights: list[float]
 
-    def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]) -> dict[str, list[float]]:
+    def score(
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
+    ) -> dict[str, list[float]]:
         """Each reward's value per completion; a function's None (no opinion) counts as 0."""
         values = {}
         for name, source, tokenizer in zip(self.names, self.sources, self.tokenizers, strict=True):
@@ -163,7 +165,9 @@ def held_out_rows(train: Any, evaluation: Any) -> Any:
 
 
 @torch.no_grad()
-def held_out_rewards(policy: Any, tokenizer: Any, rows: Any, rewards: Rewards, config: Any, seed: int) -> dict[str, float]:
+def held_out_rewards(
+    policy: Any, tokenizer: Any, rows: Any, rewards: Rewards, config: Any, seed: int
+) -> dict[str, float]:
     """Mean weighted reward, and each reward's mean, of seeded samples for the held-out prompts."""
     was_training = policy.training
     policy.eval()

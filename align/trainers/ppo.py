@@ -37,7 +37,6 @@ from align.trainers.ppo_config import PPOConfig
 from align.trainers.ppo_math import (
     adaptive_kl_coef,
     generalized_advantages,
-    masked_mean,
     masked_whiten,
     per_token_rewards,
     ppo_losses,
@@ -105,10 +104,16 @@ class PolicyAndValue(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self.config = policy.config
         # a model sharded at load (FSDP2) reduces its own gradients; the Trainer must not wrap it in DDP
-        self.is_distributed_loading_by_transformers = getattr(policy, "is_distributed_loading_by_transformers", False)
+        self.is_distributed_loading_by_transformers = getattr(
+            policy, "is_distributed_loading_by_transformers", False
+        )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        outputs = causal_logits(self.policy, input_ids, attention_mask, output_hidden_states=not self.value_adapter)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = causal_logits(
+            self.policy, input_ids, attention_mask, output_hidden_states=not self.value_adapter
+        )
         if self.value_adapter:
             with lora_layers(self.policy, active=VALUE_ADAPTER):
                 hidden = causal_logits(self.policy, input_ids, attention_mask, output_hidden_states=True)
@@ -264,7 +269,9 @@ class PPOTrainer(Trainer):
             scores = scores - args.missing_eos_penalty * (~sampled.ended).float()
         input_ids, attention_mask = sampled.input_ids, sampled.attention_mask
         prompt_length = sampled.prompt_ids.shape[1]
-        log_probs, values, ref_log_probs = self.score_tokens(wrapper, input_ids, attention_mask, prompt_length)
+        log_probs, values, ref_log_probs = self.score_tokens(
+            wrapper, input_ids, attention_mask, prompt_length
+        )
         mask = sampled.completion_mask.float()
         kl = (log_probs - ref_log_probs) * mask
         rewards = per_token_rewards(scores, kl, mask, self.kl_coef)
@@ -286,7 +293,11 @@ class PPOTrainer(Trainer):
         return Rollout(tensors, prompt_length)
 
     def score_tokens(
-        self, wrapper: PolicyAndValue, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+        self,
+        wrapper: PolicyAndValue,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_length: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy log-probs, values and reference log-probs of the completion tokens, in chunks."""
         found = defaultdict(list)
@@ -320,7 +331,10 @@ class PPOTrainer(Trainer):
             "objective/rlhf_reward": (scores - self.kl_coef * kl_per_sequence).mean(),
             "val/num_eos_tokens": ended.float().mean(),
             "completion_length": mask.sum(dim=1).mean(),
-            **{f"rewards/{name}": torch.tensor(values, dtype=torch.float32).mean() for name, values in by_reward.items()},
+            **{
+                f"rewards/{name}": torch.tensor(values, dtype=torch.float32).mean()
+                for name, values in by_reward.items()
+            },
         }
         stacked = torch.stack([value.float().to(scores.device) for value in local.values()])
         means = dict(zip(local, self.accelerator.reduce(stacked, "mean").tolist(), strict=True))
@@ -336,7 +350,9 @@ class PPOTrainer(Trainer):
 
     # --- the update ---
 
-    def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, **_: Any):
+    def compute_loss(
+        self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False, **_: Any
+    ):
         start = self.rollout.prompt_length
         logits, values = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         span = slice(start - 1, -1)
@@ -366,7 +382,9 @@ class PPOTrainer(Trainer):
         """Add the PPO statistics gathered since the last log (each rank logs the same keys)."""
         if self.logged:
             keys = sorted(self.logged)
-            local = torch.tensor([sum(self.logged[k]) / len(self.logged[k]) for k in keys], device=self.args.device)
+            local = torch.tensor(
+                [sum(self.logged[k]) / len(self.logged[k]) for k in keys], device=self.args.device
+            )
             logs = {**logs, **dict(zip(keys, self.accelerator.reduce(local, "mean").tolist(), strict=True))}
             self.logged.clear()
         super().log(logs, start_time)

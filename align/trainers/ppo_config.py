@@ -1,4 +1,4 @@
-"""PPOConfig: the `trl:` block of a `ppo` stage, a dataclass extending `TrainingArguments` as TRL's configs do.
+"""PPOConfig: the `trl:` block of a `ppo` stage, extending `TrainingArguments` as TRL's configs do.
 
 Batch shape (per rank): a rollout is `per_device_train_batch_size * gradient_accumulation_steps *
 num_mini_batches` prompts, one completion each. Each rollout is trained on for `num_ppo_epochs` passes of

@@ -100,7 +100,9 @@ def ppo_losses(
     value = 0.5 * masked_mean(value_errors, mask)
     with torch.no_grad():
         clip_fraction = masked_mean((clipped > unclipped).float(), mask)
-        value_clip_fraction = masked_mean(((values_clipped - returns) ** 2 > (values - returns) ** 2).float(), mask)
+        value_clip_fraction = masked_mean(
+            ((values_clipped - returns) ** 2 > (values - returns) ** 2).float(), mask
+        )
         approx_kl = 0.5 * masked_mean((log_probs - old_log_probs) ** 2, mask)
     return Losses(policy + vf_coef * value, policy, value, clip_fraction, value_clip_fraction, approx_kl)
 

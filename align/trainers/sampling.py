@@ -44,7 +44,9 @@ def cut_at_stop(tokens: torch.Tensor, stop_id: int | None, pad_id: int) -> tuple
     else:
         is_stop = tokens == stop_id
     ended = is_stop.any(dim=1)
-    first_stop = torch.where(ended, is_stop.int().argmax(dim=1), torch.full_like(ended, length, dtype=torch.long))
+    first_stop = torch.where(
+        ended, is_stop.int().argmax(dim=1), torch.full_like(ended, length, dtype=torch.long)
+    )
     mask = (positions <= first_stop.unsqueeze(1)).long()
     return tokens.masked_fill(mask == 0, pad_id), mask, ended
 
@@ -81,7 +83,9 @@ def generate(
     )
     new_tokens = output[:, batch["input_ids"].shape[1] :]
     if new_tokens.shape[1] < max_new_tokens:  # every completion stopped early
-        pad = new_tokens.new_full((len(new_tokens), max_new_tokens - new_tokens.shape[1]), tokenizer.pad_token_id)
+        pad = new_tokens.new_full(
+            (len(new_tokens), max_new_tokens - new_tokens.shape[1]), tokenizer.pad_token_id
+        )
         new_tokens = torch.cat([new_tokens, pad], dim=1)
     tokens, mask, ended = cut_at_stop(new_tokens, stop_id, tokenizer.pad_token_id)
     return Completions(batch["input_ids"], batch["attention_mask"], tokens, mask, ended)
