@@ -9,7 +9,7 @@ DEMO     := pipelines/tiny_sft_dpo_merge.yaml
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo test test-fast lint pipeline sft dpo merge reward grpo rloo plan validate smoke smoke-gpu clean
+.PHONY: setup demo test test-fast lint pipeline sft dpo merge reward ppo grpo rloo plan validate smoke smoke-gpu clean
 
 setup: $(SETUP)
 
@@ -51,7 +51,10 @@ pipeline: $(SETUP)
 	$(ALIGN) run $(PIPELINE)
 
 # One stage of $(PIPELINE); the stages it reads are reused when up to date, else run first.
-sft dpo merge reward grpo rloo: $(SETUP)
+# The RL stages default to the tiny pipeline that has them (PIPELINE=... on the command line wins).
+reward ppo: PIPELINE = pipelines/tiny_sft_rm_ppo.yaml
+grpo rloo: PIPELINE = pipelines/tiny_grpo.yaml
+sft dpo merge reward ppo grpo rloo: $(SETUP)
 	$(ALIGN) run $(PIPELINE) --stage $@
 
 clean:

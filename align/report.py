@@ -19,6 +19,7 @@ SHOWN_METRICS = (
     "pairwise_accuracy_after",
     "reward_mean_before",
     "reward_mean_after",
+    "train_kl_last",
 )
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -91,8 +93,11 @@ SHIPPED: dict[str, Callable[..., list[float]]] = {
 
 
 def load_function(path: str) -> Callable[..., Any]:
-    """A user's reward function by dotted path (`mypkg.rewards.score`); importing it runs their code."""
+    """A user's reward function by dotted path (`mypkg.rewards.score`), importable from the directory
+    `align` runs in (as in the workers); importing it runs their code."""
     module_name, _, attribute = path.rpartition(".")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:

@@ -57,13 +57,16 @@ def write_pipeline(folder: Path, name: str, stages: dict[str, dict], **defaults:
     return path
 
 
-def run(path: Path, *extra: str, expect: int = 0, timeout: int = 900) -> subprocess.CompletedProcess:
-    """`align run` in a fresh process (its own embedded Ray); asserts the exit code."""
+def run(
+    path: Path, *extra: str, expect: int = 0, timeout: int = 900, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`align run` in a fresh process (its own embedded Ray), in `cwd`; asserts the exit code."""
     done = subprocess.run(
         [sys.executable, "-m", "align.cli", "run", str(path), *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
     )
     assert done.returncode == expect, done.stdout[-4000:] + "\n" + done.stderr[-4000:]
     return done

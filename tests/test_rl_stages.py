@@ -1,7 +1,9 @@
-"""The RL stages: reward model, GRPO and RLOO through the real CLI, and the checks on their rewards.
+"""The RL stages: reward model, GRPO, RLOO and PPO through the real CLI, and the checks on their rewards.
 
-The integration run is one pipeline (about 2 minutes on 2 cores): SFT on the toy task, GRPO from it,
-a reward model on chatterbot preferences, and RLOO scored by rule rewards plus that reward model.
+The integration run is one pipeline (about 3 minutes on 2 cores): the SFT, reward model and PPO stages of
+pipelines/tiny_sft_rm_ppo.yaml as shipped (PPO against the learned reward only, rules tracked at weight
+0), plus GRPO from the same SFT model, and RLOO scored by rule rewards plus that reward model.
+PPO on 2 ranks under each backend is in tests/test_ppo.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import yaml
 from align.cli import main
 from align.data import build_toy
 from align.rewards import RewardError, exact_answer, format_match, guarded_function, length_target
-from tests.pipelines import PREF_DATA, QUIET_TRL, run, stage_record
+from tests.pipelines import QUIET_TRL, run, stage_record
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TOY = "align:toy/number-or-word"
 RL_TRL = {
@@ -183,17 +187,18 @@ def test_toy_task_holds_out_whole_items(tmp_path) -> None:
 @pytest.fixture(scope="module")
 def rl_run(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("rl")
-    rm_trl = {**QUIET_TRL, "max_steps": 15, "learning_rate": 3e-3, "per_device_train_batch_size": 16}
+    shipped = yaml.safe_load((ROOT / "pipelines" / "tiny_sft_rm_ppo.yaml").read_text())["stages"]
     stages = {
-        "sft": sft_stage(),
+        "sft": shipped["sft"],
+        "reward": shipped["reward"],
+        "ppo": shipped["ppo"],
         "grpo": rl_stage("grpo", RULES),
-        "rm": {"kind": "reward", "data": PREF_DATA, "trl": rm_trl},
         "rloo": rl_stage(
             "rloo",
             [
                 *RULES,
                 {"function": "length", "args": {"target": 1}},
-                {"model": "${stages.rm.output}", "weight": 0.1},
+                {"model": "${stages.reward.output}", "weight": 0.1},
             ],
         ),
     }
@@ -207,7 +212,7 @@ def test_reward_model_ranks_held_out_pairs_and_loads_as_a_plain_classifier(rl_ru
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    record = stage_record(rl_run, "rm")
+    record = stage_record(rl_run, "reward")
     metrics = record["metrics"]
     assert metrics["pairwise_accuracy_after"] > 0.7
     assert metrics["pairwise_accuracy_after"] > metrics["pairwise_accuracy_before"]
@@ -226,6 +231,36 @@ def test_grpo_raises_the_held_out_reward(rl_run) -> None:
     # the format is learned without losing the answers SFT taught
     assert metrics["reward_exact_answer_before"] > 0.7
     assert metrics["reward_exact_answer_after"] > metrics["reward_exact_answer_before"] - 0.1
+
+
+@pytest.mark.integration
+def test_ppo_against_the_learned_reward_teaches_the_rule_with_bounded_kl(rl_run) -> None:
+    metrics = stage_record(rl_run, "ppo")["metrics"]
+    # the reward model's own score rises on held-out prompts ...
+    assert metrics["reward_model_after"] > metrics["reward_model_before"] + 0.5
+    # ... and by rule it is the format the reward model prefers, without hacking away the answers
+    assert metrics["reward_format_after"] > metrics["reward_format_before"] + 0.15
+    assert metrics["reward_exact_answer_after"] > 0.8
+    assert 0 < metrics["train_kl_last"] < 3  # the adaptive controller holds it near its 1-nat target
+    assert metrics["trainable_changed"] == 1.0
+
+
+@pytest.mark.integration
+def test_ppo_adapter_loads_with_plain_peft_and_changes_the_policy(rl_run) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_folder = stage_record(rl_run, "sft")["output"]["path"]
+    adapter = stage_record(rl_run, "ppo")["output"]["path"]
+    tokenizer = AutoTokenizer.from_pretrained(adapter)
+    batch = tokenizer(["Number or word? 7"], return_tensors="pt")
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(base_folder)(**batch).logits
+        policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_folder), adapter)
+        tuned = policy(**batch).logits
+    assert policy.active_adapter == "default"  # the policy's adapter, not the critic's (in value/)
+    assert (tuned - base).abs().max() > 1e-3
 
 
 @pytest.mark.integration

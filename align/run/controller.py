@@ -46,6 +46,8 @@ class Outcome:
 def worker_env() -> dict[str, str]:
     """Environment the workers need from the driver (offline switches, caches), and nothing secret."""
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+    # a reward function of the user's own (`allow_custom_code`) imports from where `align` was run
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     # Ray Train's print patch defeats dill's stdout capture, flooding the log with bytecode
     return {**env, "TOKENIZERS_PARALLELISM": "false", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
