@@ -60,7 +60,9 @@ sft dpo merge reward ppo grpo rloo: $(SETUP)
 clean:
 	rm -rf runs
 
-# Memory plan vs measured model states per backend (3-4 min on 2 cores); see bench/README.md.
+# Memory plan vs measured model states per backend, then PPO step time per backend (about 8 min on
+# 2 cores); see bench/README.md.
 .PHONY: bench
 bench: $(SETUP)
 	$(OFFLINE) $(PY) bench/memory.py
+	$(OFFLINE) $(PY) bench/ppo.py

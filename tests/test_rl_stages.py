@@ -264,8 +264,8 @@ def test_ppo_adapter_loads_with_plain_peft_and_changes_the_policy(rl_run) -> Non
 
 
 @pytest.mark.integration
-def test_rloo_with_a_reward_model_runs_without_collapse(rl_run) -> None:
+def test_rloo_with_a_reward_model_raises_the_held_out_reward(rl_run) -> None:
     metrics = stage_record(rl_run, "rloo")["metrics"]
     assert {"reward_model_before", "reward_length_after"} <= set(metrics)
-    assert metrics["reward_mean_after"] >= metrics["reward_mean_before"] - 0.1
+    assert metrics["reward_mean_after"] > metrics["reward_mean_before"] + 0.3
     assert metrics["reward_exact_answer_after"] > metrics["reward_exact_answer_before"] - 0.1

@@ -62,6 +62,9 @@ def reward_function(rewards: Rewards) -> RewardFn:
 
 def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with PPO, measure again, and save the policy (and its critic)."""
+    from transformers import set_seed
+
+    set_seed(ctx.plan.seed)  # the LoRA adapters are initialised before the Trainer seeds: same seed, same run
     stage = ctx.plan.stage
     train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
     rewards = stage_rewards(ctx, placed=ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED)

@@ -1,0 +1,112 @@
+"""`make bench` (PPO part): time per PPO step under each backend on 2 ranks, as ratios in the same run.
+
+An ordinary pipeline file (`runs/bench/bench-ppo.yaml`) with four PPO stages on the ~60M-parameter
+benchmark Llama (`bench/memory.py` builds it), run by `align run`: full parameters under ddp and fsdp,
+LoRA (critic on its own adapter) under ddp and zero2 with CPU optimizer offload. Each stage records
+`seconds_per_step` (the Trainer's train runtime over its optimizer steps: rollout, scoring and update,
+no model loading), its first and last logged reward and KL, and the share of trainable parameters that
+changed. Results: `bench/results/ppo-{cpu,gpu}.{md,json}`. Nothing asserts: it measures.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from memory import RESULTS, ROOT, RUNS, WORKERS, bench_model
+
+PIPELINE = "bench-ppo"
+STAGES = {
+    "ddp_full": {"backend": "ddp"},
+    "fsdp_full": {"backend": "fsdp"},
+    "ddp_lora": {"backend": "ddp", "lora": {"r": 16}, "value": "adapter"},
+    "zero2_offload_lora": {
+        "backend": "zero2",
+        "lora": {"r": 16},
+        "value": "adapter",
+        "zero2": {"offload_optimizer": "cpu"},
+    },
+}
+BASELINES = {"fsdp_full": "ddp_full", "zero2_offload_lora": "ddp_lora"}
+STEPS = 8
+
+
+def pipeline_body(model_dir: Path) -> dict[str, Any]:
+    trl = {
+        "max_steps": STEPS,
+        "learning_rate": 1e-5,
+        "per_device_train_batch_size": 4,
+        "num_mini_batches": 2,
+        "num_ppo_epochs": 1,
+        "max_completion_length": 16,
+        "temperature": 1.0,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+    }
+    toy = "align:toy/number-or-word"
+    data = {"train": f"{toy}/train", "eval": f"{toy}/test", "max_eval_rows": 8}
+    rewards = [{"function": "length", "args": {"target": 3}}, {"function": "format"}]
+    stages = {
+        name: {"kind": "ppo", "data": data, "rewards": rewards, "trl": trl, **settings}
+        for name, settings in STAGES.items()
+    }
+    defaults = {"output_root": str(RUNS), "workers": WORKERS, "precision": "auto", "seed": 0}
+    return {"name": PIPELINE, "base_model": str(model_dir), "defaults": defaults, "stages": stages}
+
+
+def stage_metrics(name: str) -> dict[str, Any]:
+    record = json.loads((RUNS / PIPELINE / name / "align-stage.json").read_text())
+    keys = ("seconds_per_step", "train_reward_first", "train_reward_last", "train_kl_first", "train_kl_last")
+    found = {key: record["metrics"].get(key) for key in (*keys, "trainable_changed")}
+    return {"status": record["status"], **found}
+
+
+def markdown(results: dict[str, dict[str, Any]], device: str) -> str:
+    lines = [
+        f"# PPO step time per backend ({device}, {WORKERS} ranks, 59.7M-parameter Llama, {STEPS} steps)",
+        "",
+        "Seconds per optimizer step (rollout of 8 prompts x 16 tokens per rank, scoring, update),",
+        "and the ratio to the ddp stage of the same kind in the same run.",
+        "",
+        "| stage | s/step | vs baseline | reward first -> last | KL first -> last | trainable changed |",
+        "|---|---:|---:|---|---|---:|",
+    ]
+    for name, found in results.items():
+        base = BASELINES.get(name)
+        step = found["seconds_per_step"]
+        ratio = f"{step / results[base]['seconds_per_step']:.2f}x {base}" if base else "1.00x"
+        reward = f"{found['train_reward_first']:.3f} -> {found['train_reward_last']:.3f}"
+        kl = f"{found['train_kl_first']:.3f} -> {found['train_kl_last']:.3f}"
+        changed = found["trainable_changed"]
+        lines.append(f"| {name} | {step:.3f} | {ratio} | {reward} | {kl} | {changed:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    import torch
+
+    model_dir = bench_model()
+    RUNS.mkdir(parents=True, exist_ok=True)
+    path = RUNS / f"{PIPELINE}.yaml"
+    path.write_text(yaml.safe_dump(pipeline_body(model_dir), sort_keys=False))
+    shutil.rmtree(RUNS / PIPELINE, ignore_errors=True)  # every stage runs afresh
+    done = subprocess.run([sys.executable, "-m", "align.cli", "run", str(path)], cwd=ROOT)
+    if done.returncode != 0:
+        return done.returncode
+    results = {name: stage_metrics(name) for name in STAGES}
+    device = "gpu" if torch.cuda.device_count() >= WORKERS else "cpu"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"ppo-{device}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / f"ppo-{device}.md").write_text(markdown(results, device))
+    print(markdown(results, device))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
