@@ -133,6 +133,12 @@ class PPOStage(RewardedStage):
                 "`adapter` gives the critic its own LoRA adapter on the policy's base, so the stage needs "
                 "a `lora:` block; for full parameters use `value: head`"
             )
+        if value == "adapter" and info.data.get("trl", {}).get("gradient_checkpointing"):
+            raise ValueError(
+                "the critic's adapter is switched on only for its own forward pass, and gradient "
+                "checkpointing recomputes that pass in backward with the policy's adapter on, which gives "
+                "the critic wrong gradients; use `value: head` or drop `trl.gradient_checkpointing`"
+            )
         return value
 
 

@@ -124,7 +124,10 @@ class PolicyAndValue(nn.Module):
         return outputs.logits, values
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        """The Trainer's `gradient_checkpointing: true` reaches the policy (the critic shares its trunk)."""
+        """The Trainer's `gradient_checkpointing: true` reaches the policy (the critic shares its trunk).
+        Refused with a critic adapter: the recomputation in backward would run with the policy's adapter."""
+        if self.value_adapter:
+            raise ValueError("gradient checkpointing gives a critic on its own adapter wrong gradients")
         self.policy.gradient_checkpointing_enable(**kwargs)
 
     def reference(self) -> Any:
@@ -265,7 +268,7 @@ class PPOTrainer(Trainer):
         scores, by_reward = self.rewards(prompts, decode(self.processing_class, sampled, prompts), columns)
         device = sampled.completion_ids.device
         scores = torch.tensor(scores, dtype=torch.float32, device=device)
-        if args.missing_eos_penalty is not None:
+        if args.missing_eos_penalty is not None and args.stop_token == "eos":
             scores = scores - args.missing_eos_penalty * (~sampled.ended).float()
         input_ids, attention_mask = sampled.input_ids, sampled.attention_mask
         prompt_length = sampled.prompt_ids.shape[1]

@@ -25,7 +25,7 @@ class PPOConfig(TrainingArguments):
     top_k: int = 0
     top_p: float = 1.0
     stop_token: str | None = "eos"  # "eos": a completion ends at the tokenizer's EOS; None: full length
-    missing_eos_penalty: float | None = 1.0  # subtracted from the score of a completion that never ended
+    missing_eos_penalty: float | None = 1.0  # off a completion that never ended (stop_token "eos")
     kl_coef: float = 0.05  # the KL penalty's starting weight
     kl_target: float | None = None  # when set, the adaptive controller steers the KL per sequence to it
     kl_horizon: int = 10_000  # how many rollout samples the adaptive controller takes to correct an error
@@ -53,8 +53,8 @@ class PPOConfig(TrainingArguments):
             raise ValueError("kl_coef must be 0 or more, and kl_target above 0 when set")
         if self.resume_from_checkpoint:
             raise ValueError(
-                "align's PPO does not resume from a checkpoint yet (its checkpoints hold the policy and the "
-                "critic, not the rollout state); start the stage again instead"
+                "resume_from_checkpoint: align's PPO does not resume from a checkpoint yet (its checkpoints "
+                "hold the policy and the critic, not the rollout state); start the stage again instead"
             )
         if self.stop_token not in ("eos", None):
             raise ValueError(f"stop_token must be 'eos' or null (got {self.stop_token!r})")
