@@ -20,29 +20,19 @@ CASES = {  # label: (backend, workers, per-rank batch)
 }
 
 
-def trajectory(folder, label: str) -> list[float]:
-    backend, workers, batch = CASES[label]
-    sft = stage(
-        "sft",
-        steps=STEPS,
-        batch=batch,
-        trl={"lr_scheduler_type": "constant"},
-        backend=backend,
-        workers=workers,
-    )
-    sft["data"] = {"train": SFT_DATA["train"], "max_train_rows": 256}
-    (folder / label).mkdir()
-    path = write_pipeline(folder / label, f"equivalence-{label}", {"sft": sft}, precision="fp32", seed=0)
-    run(path)
-    return losses(path, "sft")
-
-
 def test_single_ddp_zero2_and_fsdp_losses_agree(tmp_path):
-    reference = trajectory(tmp_path, "single")
+    stages = {}
+    for label, (backend, workers, batch) in CASES.items():
+        sft = stage("sft", steps=STEPS, batch=batch, trl={"lr_scheduler_type": "constant"})
+        sft.update(backend=backend, workers=workers, data={"train": SFT_DATA["train"], "max_train_rows": 256})
+        stages[label] = sft
+    path = write_pipeline(tmp_path, "equivalence", stages, precision="fp32", seed=0)
+    run(path)  # one `align run`: the four stages in turn, each under its own backend
+    reference = losses(path, "single")
     assert len(reference) == STEPS
     assert reference[-1] < reference[0]  # it trains, so agreement is not agreement on a constant
     for label in ("ddp", "zero2", "fsdp"):
-        found = trajectory(tmp_path, label)
+        found = losses(path, label)
         assert len(found) == STEPS
         worst = max(abs(a - b) for a, b in zip(reference, found, strict=True))
         assert worst <= 1e-3, f"{label} drifts from the single process by {worst:.2e}: {found} vs {reference}"

@@ -240,7 +240,7 @@ def test_ppo_against_the_learned_reward_teaches_the_rule_with_bounded_kl(rl_run)
     assert metrics["reward_model_after"] > metrics["reward_model_before"] + 0.5
     # ... and by rule it is the format the reward model prefers, without hacking away the answers
     assert metrics["reward_format_after"] > metrics["reward_format_before"] + 0.15
-    assert metrics["reward_exact_answer_after"] > 0.8
+    assert metrics["reward_exact_answer_after"] > 0.75  # from ~0.95; a hacked policy falls to ~0.4
     assert 0 < metrics["train_kl_last"] < 3  # the adaptive controller holds it near its 1-nat target
     assert metrics["trainable_changed"] == 1.0
 

@@ -160,21 +160,44 @@ def test_the_check_fails_loudly_when_deepspeed_did_not_take_over() -> None:
         zero2.ZeroOptimizerCheck(on_host=True).on_train_begin(None, None, None, optimizer=wrapped)
 
 
-# Each case runs on CPU ranks over gloo; the `cuda` variant runs it unchanged on 2 GPUs over NCCL.
+# Every case runs on CPU ranks over gloo; the `cuda` variant runs them unchanged on 2 GPUs over NCCL.
+# One `align run` holds all four cases as stages, so Ray and the workers start once per device.
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.integration),
     pytest.param("cuda", marks=[pytest.mark.integration, pytest.mark.gpu(devices=2)]),
 ]
+FEW_SFT_ROWS = {"train": "align:chatterbot/sft/train", "max_train_rows": 64}
+CASES = {
+    # through the shipped offload preset, so the file users copy is known to run
+    "lora_dpo": dict(lora=LORA, workers=2, zero2={"config": str(PRESETS / "zero2_offload.json")}),
+    "qlora_dpo": dict(lora={"r": 8, "load_in_4bit": True}, workers=2),
+    # no eval split: HF's evaluate() before train() refuses ZeRO-1/2 ("ZeRO inference only makes sense
+    # with ZeRO Stage 3"), and the SFT runner evaluates first when it has one
+    "full_sft": dict(kind="sft", data=FEW_SFT_ROWS, workers=2),
+    # one rank is planned as ddp unless zero2 is named; named, it must still run (unsharded)
+    "one_rank": dict(lora=LORA, workers=1),
+}
 
 
-def run_zero2(tmp_path: Path, monkeypatch, device: str, body: dict) -> list[dict]:
-    """Run one stage named `train` through the CLI; returns each rank's placement report."""
-    if device == "cpu":
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the controller picks gloo and fp32 without CUDA
-    path = write_pipeline(tmp_path, "zero2", {"train": body})
-    run(path)
-    assert stage_record(path, "train")["resolved"]["backend"] == "zero2"
-    return placement_reports(path, "train")
+@pytest.fixture(scope="module", params=DEVICES)
+def zero2_run(request, tmp_path_factory) -> Path:
+    """The four cases as stages of one pipeline, run through the CLI; returns its file."""
+    stages = {}
+    for name, fields in CASES.items():
+        settings = {"data": FEW_PAIRS, "backend": "zero2", **fields}
+        stages[name] = stage(settings.pop("kind", "dpo"), steps=3, **settings)
+    path = write_pipeline(tmp_path_factory.mktemp("zero2"), "zero2", stages)
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "cpu":
+            patch.setenv("CUDA_VISIBLE_DEVICES", "")  # the controller picks gloo and fp32 without CUDA
+        run(path)
+    return path
+
+
+def case_reports(path: Path, name: str) -> list[dict]:
+    """Each rank's placement report for one case, after checking it really ran under zero2."""
+    assert stage_record(path, name)["resolved"]["backend"] == "zero2"
+    return placement_reports(path, name)
 
 
 def assert_states_sharded(reports: list[dict], world_size: int, optimizer: str) -> None:
@@ -192,32 +215,17 @@ def assert_states_sharded(reports: list[dict], world_size: int, optimizer: str) 
     assert sum(report["optimizer_state_elements_local"] for report in reports) >= both_moments
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_lora_dpo_shards_offloaded_optimizer_states(tmp_path, monkeypatch, device) -> None:
-    """Through the shipped offload preset, so the file users copy is known to run."""
-    settings = {"config": str(PRESETS / "zero2_offload.json")}
-    body = stage("dpo", steps=3, data=FEW_PAIRS, lora=LORA, backend="zero2", workers=2, zero2=settings)
-    assert_states_sharded(run_zero2(tmp_path, monkeypatch, device, body), 2, "DeepSpeedCPUAdam")
+def test_lora_dpo_shards_offloaded_optimizer_states(zero2_run) -> None:
+    assert_states_sharded(case_reports(zero2_run, "lora_dpo"), 2, "DeepSpeedCPUAdam")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_qlora_dpo_shards_offloaded_optimizer_states(tmp_path, monkeypatch, device) -> None:
-    qlora = {"r": 8, "load_in_4bit": True}
-    body = stage("dpo", steps=3, data=FEW_PAIRS, lora=qlora, backend="zero2", workers=2)
-    assert_states_sharded(run_zero2(tmp_path, monkeypatch, device, body), 2, "DeepSpeedCPUAdam")
+def test_qlora_dpo_shards_offloaded_optimizer_states(zero2_run) -> None:
+    assert_states_sharded(case_reports(zero2_run, "qlora_dpo"), 2, "DeepSpeedCPUAdam")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_full_parameter_sft_shards_optimizer_states_without_offload(tmp_path, monkeypatch, device) -> None:
-    # no eval split: HF's evaluate() before train() refuses ZeRO-1/2 ("ZeRO inference only makes sense
-    # with ZeRO Stage 3"), and the SFT runner evaluates first when it has one
-    data = {"train": "align:chatterbot/sft/train", "max_train_rows": 64}
-    body = stage("sft", steps=3, data=data, backend="zero2", workers=2)
-    assert_states_sharded(run_zero2(tmp_path, monkeypatch, device, body), 2, "AdamW")
+def test_full_parameter_sft_shards_optimizer_states_without_offload(zero2_run) -> None:
+    assert_states_sharded(case_reports(zero2_run, "full_sft"), 2, "AdamW")
 
 
-@pytest.mark.integration
-def test_zero2_named_explicitly_runs_on_one_rank(tmp_path, monkeypatch) -> None:
-    """One CPU rank is planned as ddp unless zero2 is named; named, it must still run (unsharded)."""
-    body = stage("dpo", steps=3, data=FEW_PAIRS, lora=LORA, backend="zero2", workers=1)
-    assert_states_sharded(run_zero2(tmp_path, monkeypatch, "cpu", body), 1, "DeepSpeedCPUAdam")
+def test_zero2_named_explicitly_runs_on_one_rank(zero2_run) -> None:
+    assert_states_sharded(case_reports(zero2_run, "one_rank"), 1, "DeepSpeedCPUAdam")
