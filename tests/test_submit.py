@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -84,7 +85,9 @@ def ray_head():
         f"--temp-dir={temp}",
         *(f"--{name}={free_port()}" for name in names),
     ]
-    head = subprocess.Popen(start, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    head = subprocess.Popen(
+        start, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     address = f"http://127.0.0.1:{dashboard}"
     try:
         wait_for_jobs_api(address, head)
@@ -92,9 +95,10 @@ def ray_head():
     finally:
         head.terminate()
         try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+            head.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a slow graceful stop: end the head and its Ray processes
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
         shutil.rmtree(temp, ignore_errors=True)
 
 
