@@ -110,17 +110,21 @@ def reference_placement(backend: str, lora: bool, precompute: bool) -> tuple[str
 
 
 def reward_placement(stage: RewardedStage, backend: str) -> tuple[str, str]:
-    """(REWARD_MODELS_*, each reward in words): reward models are frozen and held like a reference copy."""
+    """(REWARD_MODELS_*, each reward in words). align's PPO holds reward models like a reference copy
+    (sharded under fsdp); GRPO/RLOO score inside TRL's loop, one rank at a time, so each rank keeps its
+    reward models whole."""
+    placed_with_policy = stage.kind == "ppo"
+    held = FROZEN_HELD[backend] if placed_with_policy else FROZEN_HELD["ddp"]
     words = [
-        f"rewards[{index}] {reward.model}: frozen reward model, {FROZEN_HELD[backend]}"
+        f"rewards[{index}] {reward.model}: frozen reward model, {held}"
         if reward.model is not None
         else f"rewards[{index}] {reward.function}: a function (no model memory)"
         for index, reward in enumerate(stage.rewards)
     ]
     if all(reward.model is None for reward in stage.rewards):
         return REWARD_MODELS_NONE, "; ".join(words)
-    held = REWARD_MODELS_SHARDED if backend == "fsdp" else REWARD_MODELS_REPLICATED
-    return held, "; ".join(words)
+    sharded = placed_with_policy and backend == "fsdp"
+    return (REWARD_MODELS_SHARDED if sharded else REWARD_MODELS_REPLICATED), "; ".join(words)
 
 
 def frozen_models(
@@ -133,5 +137,7 @@ def frozen_models(
     """
     copy = placement.reference == REFERENCE_COPY
     reference = (FrozenModel("reference", param_count, dtype),) if copy else ()
-    rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype) for i, count in (reward_params or {}).items())
+    held = "sharded" if placement.reward_models == REWARD_MODELS_SHARDED else "replicated"
+    counts = (reward_params or {}).items()
+    rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype, placement=held) for i, count in counts)
     return reference + rewards

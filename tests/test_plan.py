@@ -158,6 +158,15 @@ def test_grpo_counts_a_reference_copy_only_with_a_kl_term():
     assert kl.memory.device.frozen == rloo.memory.device.frozen == 2 * REWARD_8B + 2 * PSI_8B
 
 
+def test_grpo_keeps_its_reward_model_whole_on_every_rank_even_under_fsdp():
+    """TRL scores rewards on each rank alone, so only the KL reference is sharded with the policy."""
+    overrides = ("defaults.backend=fsdp", "stages.grpo.trl.beta=0.04")
+    fsdp = plan_of("tests/plans/llama3_8b_grpo_full.yaml", "80", *overrides).stages["grpo"]
+    assert fsdp.placement.reward_models == REWARD_MODELS_REPLICATED
+    assert "frozen reward model, replicated on every rank" in fsdp.placement.description["rewards"]
+    assert fsdp.memory.device.frozen == pytest.approx(2 * REWARD_8B + 2 * PSI_8B / 8, abs=2)
+
+
 def test_plan_shows_the_ppo_roles_and_their_bytes(capsys):
     out = plan_output(capsys, "pipelines/ppo_llama3.yaml", "--device-memory", "80GB")
     ppo = out[out.index("kind=ppo") :]
