@@ -12,14 +12,14 @@ import torch
 from torch.testing import assert_close
 
 from align.models import load_causal_lm, load_tokenizer, resolve_model
-from align.trainers.ppo import (
+from align.trainers.policy_value import (
     PolicyAndValue,
-    RolloutSampler,
     add_value_adapter,
     causal_logits,
     lora_layers,
     position_ids,
 )
+from align.trainers.ppo import RolloutSampler
 from align.trainers.ppo_config import PPOConfig
 from align.trainers.ppo_math import (
     adaptive_kl_coef,

@@ -8,7 +8,6 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from align.placement import REWARD_MODELS_SHARDED
 from align.stages.context import (
     ModelInput,
     StageContext,
@@ -46,7 +45,7 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     lora = stage.lora
     train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
-    rewards = stage_rewards(ctx, placed=ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED)
+    rewards = stage_rewards(ctx)
     config = stage_config(ctx, ctx.plan.kind, {"reward_weights": rewards.weights})
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     with policy_input(ctx, config.beta) as policy_ctx:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from align.placement import REWARD_MODELS_SHARDED, VALUE_ADAPTER
+from align.placement import VALUE_ADAPTER
 from align.stages.context import (
     StageContext,
     StageResult,
@@ -31,7 +31,8 @@ from align.stages.context import (
     write_log_history,
 )
 from align.stages.rl import Rewards, held_out_rewards, held_out_rows, stage_rewards
-from align.trainers.ppo import PolicyAndValue, PPOTrainer, RewardFn, add_value_adapter
+from align.trainers.policy_value import PolicyAndValue, add_value_adapter
+from align.trainers.ppo import PPOTrainer, RewardFn
 
 
 def policy_model(ctx: StageContext) -> Any:
@@ -67,7 +68,7 @@ def run(ctx: StageContext) -> StageResult:
     set_seed(ctx.plan.seed)  # the LoRA adapters are initialised before the Trainer seeds: same seed, same run
     stage = ctx.plan.stage
     train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
-    rewards = stage_rewards(ctx, placed=ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED)
+    rewards = stage_rewards(ctx)
     config = stage_config(ctx, "ppo")
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     policy = policy_model(ctx)

@@ -17,6 +17,7 @@ import torch
 from align.errors import ModelError
 from align.graph import reference_target
 from align.models import load_tokenizer, resolve_model
+from align.placement import REWARD_MODELS_SHARDED
 from align.rewards import RewardSpec, guarded_function
 from align.run.records import read_record
 from align.stages.context import StageContext
@@ -101,8 +102,9 @@ class Rewards:
         return [sum(w * v for w, v in zip(self.weights, row, strict=True)) for row in columns]
 
 
-def stage_rewards(ctx: StageContext, *, placed: bool) -> Rewards:
-    """The stage's `rewards:` ready to score; `placed` as for `frozen_reward_model`."""
+def stage_rewards(ctx: StageContext) -> Rewards:
+    """The stage's `rewards:` ready to score, any reward model held as the stage's placement says."""
+    placed = ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED
     sources, tokenizers, names = [], [], []
     for index, spec in enumerate(ctx.plan.stage.rewards):
         where = f"stages.{ctx.plan.name}.rewards[{index}]"
