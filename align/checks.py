@@ -10,16 +10,7 @@ from align.errors import Problem
 from align.graph import order, reference_target, references
 from align.models import model_problem
 from align.rewards import args_problem, function_problem
-from align.spec import MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
-
-DATA_KIND = {
-    "sft": "sft",
-    "dpo": "dpo",
-    "reward": "reward",
-    "grpo": "prompts",
-    "rloo": "prompts",
-    "ppo": "prompts",
-}
+from align.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 
 
 def model_problems(pipeline: Pipeline) -> list[Problem]:
@@ -55,7 +46,7 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
         for split in ("train", "eval"):
             ref = getattr(stage.data, split)
             path = f"stages.{name}.data.{split}"
-            if ref is not None and (message := check_data(ref, DATA_KIND[stage.kind], path)) is not None:
+            if ref is not None and (message := check_data(ref, KINDS[stage.kind].data, path)) is not None:
                 problems.append(Problem(path, message))
     return problems
 
@@ -67,7 +58,6 @@ def cross_check(pipeline: Pipeline) -> list[Problem]:
         problems += order(edges)[1]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
-    problems += backend_problems(pipeline)
     problems += reward_problems(pipeline)
     return problems
 
@@ -112,19 +102,3 @@ def reward_model_problems(pipeline: Pipeline, value: str, path: str) -> list[Pro
             "with `kind: reward`",
         )
     ]
-
-
-def backend_problems(pipeline: Pipeline) -> list[Problem]:
-    """A user's own DeepSpeed JSON is read now, not after Ray has started the stage."""
-    from align.backends.zero2 import user_config
-    from align.errors import ConfigError
-
-    problems = []
-    for name, stage in pipeline.stages.items():
-        if stage.zero2.config is None:
-            continue
-        try:
-            user_config(stage.zero2.config, f"stages.{name}.zero2.config")
-        except ConfigError as err:
-            problems += err.problems
-    return problems

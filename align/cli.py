@@ -15,16 +15,13 @@ from align.errors import AlignError, StageFailed
 EXIT_USER_ERROR = 2
 
 
-def load_pipeline(args: argparse.Namespace):
-    from align import spec
-
-    return spec.load(args.file, getattr(args, "set", None) or [])
-
-
 def build_plan(args: argparse.Namespace):
-    from align.plan import Hardware, build
+    """The validated file's plan: every check `validate` makes, and every backend refusal, before Ray."""
+    from align.hardware import Hardware
+    from align.pipeline_file import load
+    from align.plan import build
 
-    pipeline = load_pipeline(args)
+    pipeline = load(args.file, getattr(args, "set", None) or [])
     memory = getattr(args, "device_memory", None) or pipeline.defaults.device_memory
     return build(pipeline, Hardware.detect(memory, planning=args.handler is cmd_plan))
 
@@ -39,14 +36,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from align.report import format_plan
+    from align.console import format_plan
 
     print(format_plan(build_plan(args)))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from align.report import format_outcomes
+    from align.console import format_outcomes
     from align.run.controller import run_plan
 
     plan = build_plan(args)
@@ -65,7 +62,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from align.run.controller import worker_env
     from align.run.submit import submit
 
-    load_pipeline(args)  # refuse a bad file here, before it reaches the cluster
+    build_plan(args)  # refuse here what `validate` refuses, before it reaches the cluster
     job_id = submit(
         args.address,
         args.file,

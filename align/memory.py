@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, fields, replace
-from functools import partial
 
 from align.architectures import LINEAR_MODULES, Architecture, resolve_lora_targets
 
@@ -35,8 +34,6 @@ PLACEMENTS = ("with_policy", "replicated", "sharded", "cpu")
 USABLE_FRACTION = 0.9
 """Share of device memory a plan may fill: the CUDA context, allocator fragmentation and
 communication buckets take the rest."""
-ZERO2_MAX_PARAMS = 13_000_000_000
-"""ZeRO-2 replicates the 16-bit weights on every rank; from 13B up full sharding is chosen."""
 NF4_BYTES_PER_WEIGHT = 9 / 16
 """bitsandbytes NF4 as transformers loads it (no double quantization, which would give 0.516):
 4 bits per weight plus one fp32 absmax per 64-weight block, 0.5 + 4/64 bytes. Only decoder
@@ -213,55 +210,6 @@ def estimate(
     )
 
 
-def choose_backend(
-    model: Architecture | int, workload: Workload, *, world_size: int, device_memory: int
-) -> tuple[str, str]:
-    """(backend, one-line reason naming the numbers) for `backend: auto`.
-
-    LoRA/QLoRA: zero2 with CPU optimizer offload when it fits. Full parameters: ddp on one rank
-    when it fits; zero2 when it fits and the model is under 13B; else fsdp. When nothing fits the
-    answer is still fsdp and the reason says by how much, for the caller to warn.
-    """
-    usable = int(device_memory * USABLE_FRACTION)
-    gb = format_bytes
-    budget = f"{gb(usable)} usable ({USABLE_FRACTION:.0%} of {gb(device_memory)})"
-    what = _describe(model, workload)
-    plan = partial(estimate, model, workload, world_size=world_size)
-    if workload.lora_rank is not None:
-        zero2 = plan(backend="zero2", offload_optimizer=True)
-        if zero2.total <= usable:
-            return (
-                "zero2",
-                f"{what}: ZeRO-2 with CPU optimizer offload needs {gb(zero2.total)}/rank <= {budget}",
-            )
-        rejected = f"ZeRO-2 with CPU optimizer offload needs {gb(zero2.total)}/rank"
-    elif world_size == 1:
-        ddp = plan(backend="ddp")
-        if ddp.total <= usable:
-            return "ddp", f"{what} on 1 rank: DDP needs {gb(ddp.total)} <= {budget}"
-        rejected = f"DDP needs {gb(ddp.total)}/rank"
-    else:
-        zero2 = plan(backend="zero2")
-        small = _param_count(model) < ZERO2_MAX_PARAMS
-        if zero2.total <= usable and small:
-            return "zero2", f"{what} on {world_size} ranks: ZeRO-2 needs {gb(zero2.total)}/rank <= {budget}"
-        rejected = f"ZeRO-2 needs {gb(zero2.total)}/rank"
-        if zero2.total <= usable:
-            weights = gb(zero2.device.params)
-            rejected = (
-                f"ZeRO-2 fits ({gb(zero2.total)}/rank) but copies all {weights} of weights to each rank"
-            )
-    fsdp = plan(backend="fsdp")
-    if fsdp.total <= usable:
-        return "fsdp", f"{what}: {rejected}; FSDP needs {gb(fsdp.total)}/rank <= {budget}"
-    offloaded = plan(backend="fsdp", offload_params=True)
-    return "fsdp", (
-        f"{what} does not fit: {rejected}; FSDP needs {gb(fsdp.total)}/rank, "
-        f"{gb(fsdp.total - usable)} over {budget}; with offload_params to CPU "
-        f"it needs {gb(offloaded.total)}/rank on device"
-    )
-
-
 def parse_memory(value: str) -> int:
     """Bytes from "80GB", "80 GiB", "512MB" or "512MiB" (GB/MB decimal, GiB/MiB binary)."""
     match = _MEMORY_PATTERN.match(str(value))
@@ -381,16 +329,16 @@ def _frozen_model_bytes(frozen: FrozenModel, backend: str, n: int) -> tuple[int,
     return (_shard(size, n) if placement == "sharded" else size), 0
 
 
-def _describe(model: Architecture | int, workload: Workload) -> str:
-    total = _count(_param_count(model))
+def describe_workload(model: Architecture | int, workload: Workload) -> str:
+    total = count_words(_param_count(model))
     if workload.lora_rank is None:
         return f"full-parameter {total}"
     kind = "QLoRA" if workload.quantize_4bit else "LoRA"
-    trainable = _count(_trainable_params(model, workload))
+    trainable = count_words(_trainable_params(model, workload))
     return f"{kind} r={workload.lora_rank} ({trainable} trainable) on {total}"
 
 
-def _count(n: int) -> str:
+def count_words(n: int) -> str:
     for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= scale:
             return f"{n / scale:.3g}{suffix}"

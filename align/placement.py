@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from align.backends import Backend
 from align.memory import FrozenModel
-from align.spec import PPOStage, RewardedStage, Stage, TrainingStage
+from align.spec import KINDS, PPOStage, RewardedStage, StageBase, TrainingStage
 from align.trl_args import trl_setting
 
 REFERENCE_NONE = "none"
@@ -25,13 +26,7 @@ VALUE_NONE = "none"
 VALUE_HEAD = "head"
 VALUE_ADAPTER = "adapter"
 
-FROZEN_HELD = {
-    "ddp": "replicated on every rank",
-    "zero2": "replicated on every rank",
-    "fsdp": "sharded like the policy",
-}
-"""How a frozen model (a reference copy, a reward model) is held: alongside the policy, as TRL
-prepares a reference (DeepSpeed below stage 3 and DDP keep it whole; FSDP shards it)."""
+REPLICATED = "replicated on every rank"
 
 VALUE_DESCRIPTIONS = {
     VALUE_HEAD: "a value head (hidden -> 1) on the policy's own trunk, trained with the policy: "
@@ -57,18 +52,19 @@ class Placement:
     value: str = VALUE_NONE
 
 
-def policy_placement(backend: str, lora: bool, quantize_4bit: bool) -> str:
+def frozen_held(backend: Backend) -> str:
+    """How a frozen model (a reference copy, a reward model) is held alongside the policy, as TRL prepares
+    a reference: DeepSpeed below stage 3 and DDP keep it whole, FSDP shards it."""
+    return "sharded like the policy" if backend.frozen_sharded else REPLICATED
+
+
+def policy_placement(backend: Backend, lora: bool, quantize_4bit: bool) -> str:
     """How the trained model is held on each rank."""
     base = "4-bit NF4 base + LoRA adapters" if quantize_4bit else ("base + LoRA adapters" if lora else "full")
-    held = {
-        "ddp": "replicated on every rank",
-        "zero2": "weights replicated; grads and optimizer states sharded",
-        "fsdp": "parameters, grads and optimizer states sharded",
-    }[backend]
-    return f"{base}, {held}"
+    return f"{base}, {backend.policy_held}"
 
 
-def plan_placement(stage: Stage, backend: str, precompute: bool = False) -> Placement:
+def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False) -> Placement:
     """The placement of every model a stage uses under one backend.
 
     `precompute` (DPO only): the full-parameter reference is replaced by log-probs computed from the
@@ -81,7 +77,7 @@ def plan_placement(stage: Stage, backend: str, precompute: bool = False) -> Plac
     reference = REFERENCE_NONE
     if uses_reference(stage):
         reference, description["reference"] = reference_placement(
-            backend, lora, precompute and stage.kind == "dpo"
+            backend, lora, precompute and stage.kind in ("dpo", "kto")
         )
     reward_models = REWARD_MODELS_NONE
     if isinstance(stage, RewardedStage):
@@ -93,28 +89,27 @@ def plan_placement(stage: Stage, backend: str, precompute: bool = False) -> Plac
     return Placement(policy, reference, description, reward_models, value)
 
 
-def uses_reference(stage: Stage) -> bool:
-    """DPO and PPO always compare with a reference; GRPO and RLOO only with a KL term (`beta` > 0)."""
-    if stage.kind in ("dpo", "ppo"):
-        return True
-    return stage.kind in ("grpo", "rloo") and trl_setting(stage.kind, stage.trl, "beta") > 0
+def uses_reference(stage: StageBase) -> bool:
+    """As the kinds table says: DPO, KTO and PPO always; GRPO and RLOO only with a KL term (`beta` > 0)."""
+    rule = KINDS[stage.kind].reference
+    return rule == "always" or (rule == "with_kl" and trl_setting(stage.kind, stage.trl, "beta") > 0)
 
 
-def reference_placement(backend: str, lora: bool, precompute: bool) -> tuple[str, str]:
+def reference_placement(backend: Backend, lora: bool, precompute: bool) -> tuple[str, str]:
     """(REFERENCE_*, in words) for a stage that uses a reference."""
     if lora:
         return REFERENCE_ADAPTERS_DISABLED, "the policy's base with adapters disabled (no copy)"
-    if precompute and backend != "fsdp":
+    if precompute and not backend.frozen_sharded:
         return REFERENCE_PRECOMPUTED, "log-probs precomputed from the policy before training (no copy)"
-    return REFERENCE_COPY, f"frozen copy, {FROZEN_HELD[backend]}"
+    return REFERENCE_COPY, f"frozen copy, {frozen_held(backend)}"
 
 
-def reward_placement(stage: RewardedStage, backend: str) -> tuple[str, str]:
+def reward_placement(stage: RewardedStage, backend: Backend) -> tuple[str, str]:
     """(REWARD_MODELS_*, each reward in words). align's PPO holds reward models like a reference copy
     (sharded under fsdp); GRPO/RLOO score inside TRL's loop, one rank at a time, so each rank keeps its
     reward models whole."""
     placed_with_policy = stage.kind == "ppo"
-    held = FROZEN_HELD[backend] if placed_with_policy else FROZEN_HELD["ddp"]
+    held = frozen_held(backend) if placed_with_policy else REPLICATED
     words = [
         f"rewards[{index}] {reward.model}: frozen reward model, {held}"
         if reward.model is not None
@@ -123,7 +118,7 @@ def reward_placement(stage: RewardedStage, backend: str) -> tuple[str, str]:
     ]
     if all(reward.model is None for reward in stage.rewards):
         return REWARD_MODELS_NONE, "; ".join(words)
-    sharded = placed_with_policy and backend == "fsdp"
+    sharded = placed_with_policy and backend.frozen_sharded
     return (REWARD_MODELS_SHARDED if sharded else REWARD_MODELS_REPLICATED), "; ".join(words)
 
 

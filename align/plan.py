@@ -1,56 +1,50 @@
-"""Pipeline -> Plan: per stage, the backend (auto resolved), world size, placement and memory per rank.
+"""Pipeline -> Plan: the one place where every decision about a stage is made, before anything loads.
 
-The plan is plain data: `align plan` prints it, the controller ships each StagePlan to its workers,
-and nothing downstream re-reads the YAML.
+Per stage: the backend (auto resolved among those that can run it, each priced as it would run), the
+optimizer offload, precision, device kind, data kind, where each model lives, and the memory per rank.
+`align plan` prints it; the controller adds the resolved input and reward-model folders
+(`StageInputs`) and ships each StagePlan to its workers; backends and runners read it and decide nothing
+again. Nothing downstream re-reads the YAML.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from align.architectures import Architecture, architecture_for
+from align.backends import BACKENDS, Backend
 from align.cache import cache_root
-from align.errors import AlignError, ConfigError
+from align.errors import ConfigError
 from align.graph import order, reference_target, references
-from align.memory import USABLE_FRACTION, MemoryEstimate, Workload, choose_backend, estimate, parse_memory
+from align.hardware import Hardware
+from align.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
 from align.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
-from align.spec import Pipeline, RewardedStage, Stage, TrainingStage
+from align.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
 from align.trl_args import trl_setting
 
-DEFAULT_DEVICE_MEMORY = "80GB"
 PROMPT_TOKENS = 512
 """The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
 prompt, so a trained sequence is this plus `max_completion_length`. An assumption, not a limit."""
+ZERO2_MAX_PARAMS = 13_000_000_000
+"""ZeRO-2 replicates the weights on every rank; from 13B up `auto` prefers full sharding."""
 
 
 @dataclass(frozen=True)
-class Hardware:
-    """What the stages will run on: accelerator or not, and memory per device."""
+class ModelInput:
+    """A stage's input model: a base folder plus the adapters to apply on it, in order."""
 
-    accelerator: bool
-    device_memory: int
-    bf16: bool = False
+    base: str
+    adapters: tuple[str, ...] = ()
 
-    @classmethod
-    def detect(cls, device_memory: str | None = None, *, planning: bool = False) -> Hardware:
-        """The local machine, with `--device-memory` overriding what is detected.
 
-        When only planning, a device memory given on a machine without GPUs means "plan for GPUs
-        of this size" (bf16), so a CPU laptop can plan the 8B run it will submit elsewhere.
-        """
-        import torch
+@dataclass(frozen=True)
+class StageInputs:
+    """The folders a stage reads, resolved on the driver from builtins, paths and upstream records:
+    its model, and each reward model by its index in `rewards:`."""
 
-        real_gpu = torch.cuda.is_available()
-        if device_memory is None:
-            memory = torch.cuda.get_device_properties(0).total_memory if real_gpu else None
-        else:
-            try:
-                memory = parse_memory(device_memory)
-            except ValueError as err:
-                raise AlignError(f"device memory: {err}") from None
-        gpu = real_gpu or (planning and device_memory is not None)
-        bf16 = gpu and (not real_gpu or torch.cuda.is_bf16_supported())
-        return cls(accelerator=gpu, device_memory=memory or parse_memory(DEFAULT_DEVICE_MEMORY), bf16=bf16)
+    model: ModelInput
+    reward_models: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -59,7 +53,7 @@ class StagePlan:
 
     name: str
     kind: str
-    stage: Stage
+    stage: StageBase
     model_source: str
     upstream: tuple[str, ...]
     backend: str
@@ -67,9 +61,18 @@ class StagePlan:
     workers: int
     precision: str
     seed: int
+    accelerator: bool
+    offload_optimizer: bool
+    data_kind: str | None
     placement: Placement
     memory: MemoryEstimate | None = None
     memory_by_backend: dict[str, MemoryEstimate] = field(default_factory=dict)
+    inputs: StageInputs | None = None  # set by the controller once upstream stages have run
+
+    @property
+    def where(self) -> str:
+        """The stage's YAML path, in front of every message about it."""
+        return f"stages.{self.name}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def resolve_precision(requested: str, hardware: Hardware) -> str:
 
 
 def workload(
-    stage: Stage,
+    stage: StageBase,
     precision: str,
     placement: Placement,
     arch: Architecture,
@@ -140,46 +143,60 @@ def workload(
     """
     lora = stage.lora if isinstance(stage, TrainingStage) else None
     trl = stage.trl if isinstance(stage, TrainingStage) else {}
-    pair = 2 if stage.kind == "dpo" else 1
     targets = tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else "all-linear"
     critic = 0
     if placement.value != VALUE_NONE:
         critic = arch.hidden_size + 1  # the value head, hidden -> 1 with a bias
     if placement.value == VALUE_ADAPTER:
         critic += arch.lora_param_count(lora.r, targets)
+    batch = trl_setting(stage.kind, trl, "per_device_train_batch_size") if trl is not None else 8
+    checkpointing = trl.get("activation_checkpointing") or trl_setting(
+        stage.kind, trl, "gradient_checkpointing"
+    )
     return Workload(
         dtype="bf16" if precision == "fp32" and lora and lora.load_in_4bit else precision,
         lora_rank=lora.r if lora else None,
         lora_targets=targets,
         quantize_4bit=bool(lora and lora.load_in_4bit),
         frozen_models=frozen_models(placement, arch.param_count(), precision, reward_params),
-        micro_batch_size=int(trl.get("per_device_train_batch_size", 8)) * pair,
+        micro_batch_size=int(batch) * KINDS[stage.kind].sequences,
         seq_len=sequence_length(stage),
-        gradient_checkpointing=bool(trl.get("activation_checkpointing") or trl.get("gradient_checkpointing")),
+        gradient_checkpointing=bool(checkpointing),
         extra_trainable=critic,
         trunk_passes=2 if placement.value == VALUE_ADAPTER else 1,
     )
 
 
-def sequence_length(stage: Stage) -> int:
+def sequence_length(stage: StageBase) -> int:
     """Tokens per trained sequence: `max_length`, or for online RL a prompt plus its completion."""
-    trl = stage.trl if isinstance(stage, TrainingStage) else {}
     if isinstance(stage, RewardedStage):
-        return PROMPT_TOKENS + int(trl_setting(stage.kind, trl, "max_completion_length"))
-    return int(trl.get("max_length", 1024) or 1024)
+        return PROMPT_TOKENS + int(trl_setting(stage.kind, stage.trl, "max_completion_length"))
+    return int(trl_setting(stage.kind, stage.trl, "max_length") or 1024)
 
 
-def choose(
-    stage: Stage,
-    requested: str,
+def auto_order(lora: bool, workers: int) -> tuple[str, ...]:
+    """The backends `auto` tries, best first: ZeRO-2 for LoRA/QLoRA (the adapters' states are small,
+    the base is frozen); DDP on one rank; ZeRO-2 then FSDP for full parameters on several."""
+    if lora:
+        return ("zero2", "ddp")
+    return ("ddp", "zero2") if workers == 1 else ("zero2", "fsdp")
+
+
+def choose_backend(
+    stage: StageBase,
+    where: str,
     workers: int,
-    arch: Architecture | None,
+    precision: str,
     hardware: Hardware,
-    work: Workload | None,
+    price: Callable[[Backend], MemoryEstimate | None],
+    what: str,
 ) -> tuple[str, str]:
-    """The backend for a stage and why, in one line."""
-    if requested != "auto":
-        return requested, "named in the pipeline file"
+    """The backend for `backend: auto` and why, in one line naming the numbers.
+
+    Only backends that accept the stage (`problems` empty) are offered; each is priced by `price` with
+    the settings it will run with. The first that fits wins (ZeRO-2 for full parameters only under 13B:
+    it copies every weight to each rank); when none fits, the smallest, with how far over it is.
+    """
     if stage.kind == "merge":
         return "ddp", "a merge runs in one process"
     if workers == 1 and not hardware.accelerator:
@@ -187,113 +204,123 @@ def choose(
             "ddp",
             "one CPU rank: nothing to shard, and offloading to the host it already runs on gains nothing",
         )
-    if arch is None or work is None:
-        lora = isinstance(stage, TrainingStage) and stage.lora is not None
+    lora = getattr(stage, "lora", None) is not None
+    offered = [BACKENDS[name] for name in auto_order(lora, workers)]
+    offered = [backend for backend in offered if not backend.problems(stage, where, workers, precision)]
+    if not offered:
+        return "ddp", "no sharded backend accepts this stage"
+    priced = [(backend, price(backend)) for backend in offered]
+    if any(estimate is None for _, estimate in priced):
+        first = offered[0]
         return (
-            ("zero2", "LoRA: ZeRO-2 (architecture unknown, no memory plan)")
-            if lora
-            else ("fsdp", "full parameters: FSDP (architecture unknown, no memory plan)")
+            first.name,
+            f"{what}: {first.titles[first.option(stage)]} (architecture unknown, no memory plan)",
         )
-    return choose_backend(arch, work, world_size=workers, device_memory=hardware.device_memory)
+    usable = int(hardware.device_memory * USABLE_FRACTION)
+    budget = (
+        f"{format_bytes(usable)} usable ({USABLE_FRACTION:.0%} of {format_bytes(hardware.device_memory)})"
+    )
+    on = "" if lora else f" on {workers} rank{'s' if workers > 1 else ''}"
+    rejected = []
+    for backend, estimate in priced:
+        needs = f"{backend.titles[backend.option(stage)]} needs {format_bytes(estimate.total)}/rank"
+        copies_all = backend.name == "zero2" and not lora and estimate.trainable_params >= ZERO2_MAX_PARAMS
+        if estimate.total <= usable and not copies_all:
+            return backend.name, f"{what}{on}: " + "; ".join([*rejected, f"{needs} <= {budget}"])
+        if copies_all and estimate.total <= usable:
+            title, weights = backend.titles[backend.option(stage)], format_bytes(estimate.device.params)
+            fits = f"{title} fits ({format_bytes(estimate.total)}/rank)"
+            needs = f"{fits} but copies all {weights} of weights to each rank"
+        rejected.append(needs)
+    backend, smallest = min(priced, key=lambda pair: pair[1].total)
+    over = format_bytes(smallest.total - usable)
+    return backend.name, f"{what}{on} does not fit: {'; '.join(rejected)}, {over} over {budget}"
 
 
 def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Hardware) -> StagePlan:
-    stage = pipeline.stages[name]
-    workers = 1 if stage.kind == "merge" else pipeline.stage_setting(name, "workers")
+    """Every decision for one stage. Raises ConfigError naming what the chosen backend cannot run."""
+    stage, where = pipeline.stages[name], f"stages.{name}"
+    trains = KINDS[stage.kind].trains
+    workers = pipeline.stage_setting(name, "workers") if trains else 1
     # a merge is checked and saved in fp32, where an exact merge is measurable
-    precision = (
-        "fp32"
-        if stage.kind == "merge"
-        else resolve_precision(pipeline.stage_setting(name, "precision"), hardware)
-    )
-    arch = stage_architecture(pipeline, name)
-    trains = isinstance(stage, TrainingStage)
+    precision = resolve_precision(pipeline.stage_setting(name, "precision"), hardware) if trains else "fp32"
+    arch = stage_architecture(pipeline, name) if trains else None
     rewards = reward_model_params(pipeline, name, arch) if arch else {}
-    draft = plan_placement(stage, "ddp")
-    work = workload(stage, precision, draft, arch, rewards) if arch and trains else None
-    backend, reason = choose(stage, pipeline.stage_setting(name, "backend"), workers, arch, hardware, work)
-    chosen = "zero2+offload" if backend == "zero2" and offloads_optimizer(stage, backend) else backend
-    asked = bool(trains and stage.trl.get("precompute_ref_log_probs"))
-    placement = plan_placement(stage, backend, precompute=asked)
-    by_backend = (
-        memory_options(stage, arch, placement, precision, workers, rewards) if arch and trains else {}
-    )
-    usable = hardware.device_memory * USABLE_FRACTION
+    precompute_asked = bool(trains and trl_setting(stage.kind, stage.trl, "precompute_ref_log_probs"))
+
+    def price(backend: Backend, placement: Placement) -> dict[str, MemoryEstimate]:
+        """Every column of the backend's memory table for this stage (empty without an architecture)."""
+        if arch is None:
+            return {}
+        return backend.estimates(arch, workload(stage, precision, placement, arch, rewards), workers, stage)
+
+    def table(placement: Placement) -> dict[str, MemoryEstimate]:
+        """Every backend's columns, each holding the models as `placement` does, so rows line up."""
+        return {option: est for each in BACKENDS.values() for option, est in price(each, placement).items()}
+
+    requested = pipeline.stage_setting(name, "backend")
+    if requested == "auto":
+        draft = (
+            workload(stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards)
+            if arch
+            else None
+        )
+        what = (
+            describe_workload(arch, draft)
+            if draft
+            else ("LoRA" if getattr(stage, "lora", None) else "full parameters")
+        )
+
+        def as_it_would_run(backend: Backend) -> MemoryEstimate | None:
+            placement = plan_placement(stage, backend, precompute=precompute_asked)
+            return price(backend, placement).get(backend.option(stage))
+
+        requested, reason = choose_backend(stage, where, workers, precision, hardware, as_it_would_run, what)
+    else:
+        reason = "named in the pipeline file"
+    backend = BACKENDS[requested]
+    if trains and (problems := backend.problems(stage, where, workers, precision)):
+        raise ConfigError(problems)
+    placement = plan_placement(stage, backend, precompute=precompute_asked)
+    by_backend = table(placement)
+    option = backend.option(stage)
     lean = plan_placement(stage, backend, precompute=True)
-    if lean.reference != placement.reference and by_backend and by_backend[chosen].total > usable:
-        lean_memory = memory_options(stage, arch, lean, precision, workers, rewards)
-        if lean_memory[chosen].total <= usable:  # the copy is what does not fit: precompute instead
-            placement, by_backend = lean, lean_memory
+    too_big = by_backend and by_backend[option].total > hardware.device_memory * USABLE_FRACTION
+    if lean.reference != placement.reference and too_big:
+        lean_table = table(lean)
+        if lean_table[option].total <= hardware.device_memory * USABLE_FRACTION:
+            placement, by_backend = lean, lean_table  # the copy is what does not fit: precompute instead
     return StagePlan(
         name=name,
         kind=stage.kind,
         stage=stage,
         model_source=pipeline.stage_model(name),
         upstream=tuple(upstream),
-        backend=backend,
+        backend=requested,
         backend_reason=reason,
         workers=workers,
         precision=precision,
         seed=pipeline.defaults.seed,
+        accelerator=hardware.accelerator,
+        offload_optimizer=backend.offloads_optimizer(stage),
+        data_kind=KINDS[stage.kind].data,
         placement=placement,
-        memory=by_backend.get(chosen),
+        memory=by_backend.get(option),
         memory_by_backend=by_backend,
     )
 
 
-def memory_options(
-    stage: Stage,
-    arch: Architecture,
-    placement: Placement,
-    precision: str,
-    workers: int,
-    reward_params: dict[int, int] | None = None,
-) -> dict[str, MemoryEstimate]:
-    """The stage's per-rank memory under each backend option, for the given model placement."""
-    work = workload(stage, precision, placement, arch, reward_params)
-    return {
-        option: estimate(
-            arch,
-            work,
-            backend=option.split("+")[0],
-            world_size=workers,
-            offload_optimizer=offload,
-            offload_params=option == "fsdp" and stage.fsdp.cpu_offload,
-        )
-        for option, offload in (("ddp", False), ("zero2", False), ("zero2+offload", True), ("fsdp", False))
-    }
-
-
-def offloads_optimizer(stage: Stage, backend: str) -> bool:
-    """ZeRO-2 offloads the optimizer to CPU when asked, and by default for LoRA/QLoRA."""
-    if backend != "zero2":
-        return False
-    setting = stage.zero2.offload_optimizer
-    return setting == "cpu" or (
-        setting == "auto" and isinstance(stage, TrainingStage) and stage.lora is not None
-    )
-
-
-def check_backends(stages: dict[str, StagePlan]) -> None:
-    """Refuse, before Ray starts, what a chosen backend cannot do (each backend says what that is)."""
-    from align.backends import backend_for
-
-    problems = []
-    for stage in stages.values():
-        if isinstance(stage.stage, TrainingStage):
-            try:
-                backend_for(stage.backend).check_supported(stage)
-            except ConfigError as err:
-                problems += err.problems
-    if problems:
-        raise ConfigError(problems)
-
-
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
-    """The plan for every stage, in dependency order."""
+    """The plan for every stage, in dependency order; every refusal of every stage at once."""
     hardware = hardware or Hardware.detect(pipeline.defaults.device_memory)
     edges, _ = references(pipeline.stages)
     names, _ = order(edges)
-    stages = {name: plan_stage(pipeline, name, edges[name], hardware) for name in names}
-    check_backends(stages)
+    stages, problems = {}, []
+    for name in names:
+        try:
+            stages[name] = plan_stage(pipeline, name, edges[name], hardware)
+        except ConfigError as err:
+            problems += err.problems
+    if problems:
+        raise ConfigError(problems)
     return Plan(pipeline=pipeline, order=tuple(names), edges=edges, stages=stages, hardware=hardware)

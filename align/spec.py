@@ -1,24 +1,20 @@
-"""The pipeline file as typed data: one pydantic model per stage kind, unknown keys rejected.
+"""The pipeline file as typed data: one pydantic model per stage kind, unknown keys rejected, and the
+one table of stage kinds (`KINDS`) that says what align needs to know about each.
 
-`load()` reads YAML with `safe_load`, applies `--set` overrides, validates every stage and its
-`trl:` block, cross-checks references and data, and raises one `ConfigError` listing every
-problem with its YAML path. Nothing here loads a model or starts Ray.
+Reading and validating a file is `align.pipeline_file.load()`. Nothing here loads a model or starts Ray.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator
 
+from align.backends import BACKENDS
 from align.cache import user_path
-from align.errors import ConfigError, Problem
 from align.rewards import RewardSpec
-from align.validation import pydantic_problems
 
-BACKEND_NAMES = ("auto", "ddp", "zero2", "fsdp")
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
 
 
@@ -77,11 +73,23 @@ class StageBase(Strict):
     """What every stage kind shares: its input model, where it runs, and on how many workers."""
 
     model: str | None = None  # default: the pipeline's base_model
-    backend: Literal["auto", "ddp", "zero2", "fsdp"] | None = None
+    backend: str | None = None
     workers: Annotated[int, Field(gt=0)] | None = None
     precision: Literal["auto", "fp32", "bf16", "fp16"] | None = None
     zero2: Zero2Spec = Zero2Spec()
     fsdp: FSDPSpec = FSDPSpec()
+
+    @field_validator("backend")
+    @classmethod
+    def known_backend(cls, value: str | None) -> str | None:
+        return None if value is None else backend_name(value)
+
+
+def backend_name(value: str) -> str:
+    """`auto` or a registered backend, else a message that lists them."""
+    if value != "auto" and value not in BACKENDS:
+        raise ValueError(f"{value!r} is not a backend; use one of: auto, {', '.join(BACKENDS)}")
+    return value
 
 
 class TrainingStage(StageBase):
@@ -98,6 +106,12 @@ class SFTStage(TrainingStage):
 
 class DPOStage(TrainingStage):
     kind: Literal["dpo"]
+
+
+class KTOStage(TrainingStage):
+    """KTO on unpaired feedback (a completion labelled desirable or not); paired data is unpaired first."""
+
+    kind: Literal["kto"]
 
 
 class RewardStage(TrainingStage):
@@ -150,27 +164,58 @@ class MergeStage(StageBase):
     tolerance: Annotated[float, Field(gt=0)] = 1e-4
 
 
-STAGE_KINDS: dict[str, type[StageBase]] = {
-    "sft": SFTStage,
-    "dpo": DPOStage,
-    "reward": RewardStage,
-    "grpo": RLStage,
-    "rloo": RLStage,
-    "ppo": PPOStage,
-    "merge": MergeStage,
+@dataclass(frozen=True)
+class StageKind:
+    """One row of the stage-kind table: everything align needs to know about a kind, in one place.
+
+    config: TRL's config class as `module.Class` (imported only where it is built); None takes no `trl:`.
+    data: the data kind its `data:` must be (`align.data.DATA_COLUMNS`); None for a stage without data.
+    reference: `never`, `always`, or `with_kl` (only when the config's `beta` > 0).
+    sequences: sequences per example in one forward (a preference pair is 2), for the memory plan.
+    runner: the module whose `run(StageContext)` runs it, imported in the worker.
+    """
+
+    spec: type[StageBase]
+    config: str | None
+    data: str | None
+    reference: Literal["never", "always", "with_kl"]
+    sequences: int
+    runner: str
+
+    @property
+    def trains(self) -> bool:
+        return issubclass(self.spec, TrainingStage)
+
+
+KINDS: dict[str, StageKind] = {
+    "sft": StageKind(SFTStage, "trl.SFTConfig", "sft", "never", 1, "align.stages.sft"),
+    "dpo": StageKind(DPOStage, "trl.DPOConfig", "preferences", "always", 2, "align.stages.dpo"),
+    "kto": StageKind(KTOStage, "trl.KTOConfig", "unpaired", "always", 2, "align.stages.kto"),
+    "reward": StageKind(RewardStage, "trl.RewardConfig", "preferences", "never", 2, "align.stages.reward"),
+    "grpo": StageKind(RLStage, "trl.GRPOConfig", "prompts", "with_kl", 1, "align.stages.grpo"),
+    "rloo": StageKind(RLStage, "trl.RLOOConfig", "prompts", "with_kl", 1, "align.stages.grpo"),
+    "ppo": StageKind(
+        PPOStage, "align.trainers.ppo_config.PPOConfig", "prompts", "always", 1, "align.stages.ppo"
+    ),
+    "merge": StageKind(MergeStage, None, None, "never", 1, "align.stages.merge"),
 }
-Stage = SFTStage | DPOStage | RewardStage | RLStage | PPOStage | MergeStage
+"""KTO's 2 sequences: each completion and the mismatched completion of its KL estimate."""
 
 
 class Defaults(Strict):
     """Pipeline-wide settings that a stage may override."""
 
-    backend: Literal["auto", "ddp", "zero2", "fsdp"] = "auto"
+    backend: str = "auto"
     workers: Annotated[int, Field(gt=0)] = 1
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     output_root: str = "runs"
     seed: int = 0
     device_memory: str | None = None  # e.g. "80GB"; detected when absent
+
+    @field_validator("backend")
+    @classmethod
+    def known_backend(cls, value: str) -> str:
+        return backend_name(value)
 
 
 class Pipeline(Strict):
@@ -180,7 +225,7 @@ class Pipeline(Strict):
     base_model: str
     allow_custom_code: bool = False
     defaults: Defaults = Defaults()
-    stages: dict[str, Stage]
+    stages: dict[str, SerializeAsAny[StageBase]]
 
     def stage_model(self, name: str) -> str:
         """The model a stage starts from: its own `model:` or the pipeline's base model."""
@@ -190,134 +235,3 @@ class Pipeline(Strict):
         """A stage's own value for backend/workers/precision, else the pipeline default."""
         value = getattr(self.stages[name], key)
         return getattr(self.defaults, key) if value is None else value
-
-
-class Header(Strict):
-    """The top level with stages left raw, so that each stage is validated by its own kind."""
-
-    name: Annotated[str, Field(pattern=STAGE_NAME)]
-    base_model: str
-    allow_custom_code: bool = False
-    defaults: Defaults = Defaults()
-    stages: Annotated[dict[Annotated[str, Field(pattern=STAGE_NAME)], Any], Field(min_length=1)]
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """`safe_load` that refuses a repeated key: a second `dpo:` stage must not silently replace the first."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"the key {key!r} appears twice in one mapping", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse the file with `safe_load`; YAML syntax errors become a problem with a line number."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError([Problem(str(path), f"cannot read the pipeline file: {err.strerror}")]) from None
-    except UnicodeDecodeError:
-        raise ConfigError([Problem(str(path), "the pipeline file is not UTF-8 text")]) from None
-    try:
-        raw = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        reason = getattr(err, "problem", None) or str(err)
-        raise ConfigError([Problem(where, f"invalid YAML: {reason}")], source=str(path)) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            [Problem("", "the file must be a YAML mapping with name, base_model and stages")],
-            source=str(path),
-        )
-    return raw
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
-    """Apply `key.path=value` overrides in place; values are parsed as YAML (`0.2`, `true`, `[a, b]`)."""
-    problems = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            problems.append(Problem(f"--set {item}", "expected key.path=value, e.g. stages.dpo.trl.beta=0.2"))
-            continue
-        node = raw
-        *parents, leaf = key.split(".")
-        for depth, part in enumerate(parents):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                problems.append(
-                    Problem(".".join(parents[: depth + 1]), f"--set {key}: this is not a mapping")
-                )
-                break
-            node = child
-        else:
-            try:
-                node[leaf] = yaml.safe_load(value)
-            except yaml.YAMLError as err:
-                problems.append(
-                    Problem(f"--set {item}", f"the value is not valid YAML: {getattr(err, 'problem', err)}")
-                )
-    if problems:
-        raise ConfigError(problems)
-
-
-def validate_stage(name: str, raw_stage: Any) -> tuple[Stage | None, list[Problem]]:
-    """Validate one stage with the model of its `kind`."""
-    where = f"stages.{name}"
-    if not isinstance(raw_stage, dict):
-        return None, [Problem(where, "a stage must be a mapping with at least `kind`")]
-    kind = raw_stage.get("kind")
-    if not isinstance(kind, str) or kind not in STAGE_KINDS:
-        allowed = ", ".join(STAGE_KINDS)
-        return None, [Problem(f"{where}.kind", f"{kind!r} is not a stage kind; allowed: {allowed}")]
-    try:
-        return STAGE_KINDS[kind].model_validate(raw_stage), []
-    except ValidationError as err:
-        return None, pydantic_problems(err, prefix=where, model=STAGE_KINDS[kind])
-
-
-def parse(raw: dict[str, Any]) -> Pipeline:
-    """Validate a raw mapping into a Pipeline, collecting every problem before raising."""
-    from align.checks import cross_check  # imports TRL lazily; only needed once the shape is valid
-    from align.trl_args import trl_problems
-
-    problems: list[Problem] = []
-    try:
-        header = Header.model_validate(raw)
-    except ValidationError as err:
-        problems += pydantic_problems(err, prefix="", model=Header)
-        header = None
-    stages: dict[str, Stage] = {}
-    raw_stages = raw.get("stages")
-    for name, raw_stage in raw_stages.items() if isinstance(raw_stages, dict) else []:
-        stage, stage_problems = validate_stage(str(name), raw_stage)
-        problems += stage_problems
-        if stage is not None:
-            stages[str(name)] = stage
-            problems += trl_problems(stage.kind, getattr(stage, "trl", {}), f"stages.{name}.trl")
-    if header is None or problems:
-        raise ConfigError(problems)
-    pipeline = Pipeline(**{**header.model_dump(exclude={"stages"}), "stages": stages})
-    problems = cross_check(pipeline)
-    if problems:
-        raise ConfigError(problems)
-    return pipeline
-
-
-def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
-    """Read, override and validate a pipeline file; every problem is reported at once."""
-    path = Path(path)
-    raw = read_yaml(path)
-    try:
-        apply_overrides(raw, overrides or [])
-        return parse(raw)
-    except ConfigError as err:
-        raise ConfigError(err.problems, source=str(path)) from None

@@ -2,30 +2,42 @@
 
 align owns a few arguments (where outputs go, precision, seed, the distributed backend); the rest
 go to TRL untouched so that TRL's own checks run too, and their errors come back with a YAML path.
+
+TRL's config classes import torch and transformers' TrainingArguments, about 11 s on 2 cores, so
+`align validate` and `align plan` do not import them when they have checked the same block before:
+each checked (kind, block) is cached with its verdict and the settings the plan reads, keyed by the
+versions of TRL and transformers (`checked`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.metadata
+import json
+import os
 import tempfile
 import typing
 import warnings
 from functools import cache
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
+from align.cache import cache_root
 from align.errors import Problem
+from align.fingerprint import digest
+from align.spec import KINDS
 from align.validation import suggestion
 
-CONFIG_CLASSES = {
-    "sft": "SFTConfig",
-    "dpo": "DPOConfig",
-    "reward": "RewardConfig",
-    "grpo": "GRPOConfig",
-    "rloo": "RLOOConfig",
-    "ppo": "PPOConfig",  # align's own (align.trainers.ppo_config): TRL has no PPO any more
-}
+PLAN_SETTINGS = (
+    "beta",
+    "max_completion_length",
+    "max_length",
+    "per_device_train_batch_size",
+    "gradient_checkpointing",
+    "precompute_ref_log_probs",
+)
+"""The config values the plan reads (memory, placement): cached with each check's verdict."""
+CHECK_FORMAT = 1  # bump when what a cached check holds changes
 OWNED_BY_ALIGN = {
     "output_dir": "outputs go to <output_root>/<pipeline>/<stage>; set defaults.output_root",
     "seed": "set defaults.seed",
@@ -40,14 +52,9 @@ OWNED_BY_ALIGN = {
 
 
 def config_class(kind: str) -> type:
-    """TRL's config dataclass for a stage kind (imported lazily: TRL takes seconds to import)."""
-    if kind == "ppo":
-        from align.trainers.ppo_config import PPOConfig
-
-        return PPOConfig
-    import trl
-
-    return getattr(trl, CONFIG_CLASSES[kind])
+    """The config dataclass the kinds table names (imported lazily: TRL takes seconds to import)."""
+    module, _, name = KINDS[kind].config.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 @cache
@@ -58,8 +65,10 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 @cache
-def type_adapter(annotation: Any) -> TypeAdapter | None:
+def type_adapter(annotation: Any) -> Any:
     """A pydantic adapter for a field's type, or None for types pydantic cannot express (TRL checks those)."""
+    from pydantic import TypeAdapter
+
     try:
         return TypeAdapter(annotation)
     except Exception:  # noqa: BLE001 - pydantic raises several error types for exotic annotations
@@ -68,6 +77,8 @@ def type_adapter(annotation: Any) -> TypeAdapter | None:
 
 def check_value(annotation: Any, value: Any) -> tuple[Any, str | None]:
     """The value converted to the field's type (YAML reads `5e-3` as a string), or why it cannot be."""
+    from pydantic import ValidationError
+
     adapter = type_adapter(annotation)
     if adapter is None:
         return value, None
@@ -85,57 +96,89 @@ def coerce(kind: str, block: dict[str, Any]) -> dict[str, Any]:
 
 
 def trl_setting(kind: str, block: dict[str, Any], key: str) -> Any:
-    """A setting as the stage's config will hold it: the `trl:` block's value, else the class default."""
-    if key in block:
-        return coerce(kind, {key: block[key]})[key]
-    return next(f.default for f in dataclasses.fields(config_class(kind)) if f.name == key)
+    """A setting the plan reads (`PLAN_SETTINGS`), as the stage's config will hold it."""
+    return checked(kind, block)["settings"][key]
 
 
 def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
-    """Every problem with a `trl:` block: unknown keys, keys align owns, wrong types, TRL's own checks."""
-    if kind not in CONFIG_CLASSES:
+    """Every problem with a `trl:` block, each under `path`: unknown keys, keys align owns, wrong types,
+    and TRL's own `__post_init__` checks."""
+    if KINDS[kind].config is None:
         return [Problem(path, f"a {kind} stage takes no trl: block")] if block else []
+    return [Problem(f"{path}{key}", message) for key, message in checked(kind, block)["problems"]]
+
+
+def checked(kind: str, block: dict[str, Any]) -> dict[str, Any]:
+    """The verdict on a `trl:` block and the plan's settings, from the cache when this block was checked
+    under the same TRL and transformers before; else computed (importing TRL) and cached."""
+    versions = {name: importlib.metadata.version(name) for name in ("trl", "transformers")}
+    key = digest({"kind": kind, "block": block, "versions": versions, "format": CHECK_FORMAT})
+    path = cache_root() / "trl-checks" / f"{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    result = check_block(kind, block)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(result, default=str))
+    os.replace(scratch, path)  # readers see a whole file or none
+    return result
+
+
+def check_block(kind: str, block: dict[str, Any]) -> dict[str, Any]:
+    """Problems as (`.key` or "", message), and the plan's settings from the config TRL built."""
+    problems = field_problems(kind, block)
+    if problems:
+        return {"problems": problems, "settings": {}}
+    try:
+        with warnings.catch_warnings():  # deprecation notices belong to training time, not to validate
+            warnings.simplefilter("ignore")
+            config = build_config(kind, block, output_dir=tempfile.gettempdir(), precision="fp32", seed=0)
+    except Exception as err:  # noqa: BLE001 - TRL raises ValueError/TypeError/etc. from __post_init__
+        return {"problems": [("", f"{config_class(kind).__name__} rejected it: {err}")], "settings": {}}
+    return {"problems": [], "settings": {key: getattr(config, key, None) for key in PLAN_SETTINGS}}
+
+
+def field_problems(kind: str, block: dict[str, Any]) -> list[tuple[str, str]]:
+    """Unknown keys, keys align owns, and values of the wrong type."""
     cls = config_class(kind)
     fields = field_types(cls)
     problems = []
     for key, value in block.items():
-        where = f"{path}.{key}"
+        where = f".{key}"
         if key in OWNED_BY_ALIGN:
-            problems.append(Problem(where, f"align sets this; {OWNED_BY_ALIGN[key]}"))
+            problems.append((where, f"align sets this; {OWNED_BY_ALIGN[key]}"))
         elif key not in fields:
             hint = suggestion(key, sorted(fields))
-            problems.append(
-                Problem(
-                    where,
-                    f"unknown {cls.__name__} field '{key}'; {hint}"
-                    f"see {cls.__module__.split('.')[0]}'s {cls.__name__} for the fields it takes",
-                )
+            message = (
+                f"unknown {cls.__name__} field '{key}'; {hint}"
+                f"see {cls.__module__.split('.')[0]}'s {cls.__name__} for the fields it takes"
             )
+            problems.append((where, message))
         elif (message := check_value(fields[key], value)[1]) is not None:
-            problems.append(Problem(where, message))
-    if problems:
-        return problems
-    try:
-        with warnings.catch_warnings():  # deprecation notices belong to training time, not to validate
-            warnings.simplefilter("ignore")
-            build_config(kind, block, output_dir=tempfile.gettempdir(), precision="fp32", seed=0)
-    except Exception as err:  # noqa: BLE001 - TRL raises ValueError/TypeError/etc. from __post_init__
-        return [Problem(path, f"{cls.__name__} rejected it: {err}")]
-    return []
+            problems.append((where, message))
+    return problems
 
 
 def build_config(
-    kind: str, block: dict[str, Any], *, output_dir: str, precision: str, seed: int, **align_args: Any
+    kind: str,
+    block: dict[str, Any],
+    *,
+    output_dir: str,
+    precision: str,
+    seed: int,
+    accelerator: bool = False,
+    **align_args: Any,
 ) -> Any:
-    """TRL's config for a stage: the user's block plus what align owns (precision, outputs, backend)."""
-    import torch
-
+    """TRL's config for a stage: the user's block plus what align owns (precision, outputs, device and
+    backend)."""
     return config_class(kind)(
         **coerce(kind, block),
         output_dir=output_dir,
         seed=seed,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=not accelerator,
         **align_args,
     )

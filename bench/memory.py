@@ -11,6 +11,7 @@ that callback, hence this driver. Results: `bench/results/memory-{cpu,gpu}.{md,j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -100,7 +101,7 @@ def pipeline_body(model_dir: Path, steps: int) -> dict[str, Any]:
     return {"name": PIPELINE, "base_model": str(model_dir), "defaults": defaults, "stages": stages}
 
 
-def launch(stage: Any, inputs: Any, folder: Path, gpu: bool) -> None:
+def launch(stage: Any, folder: Path, gpu: bool) -> None:
     """One stage on `stage.workers` Ray Train workers, as align's controller launches it, probed."""
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -109,7 +110,7 @@ def launch(stage: Any, inputs: Any, folder: Path, gpu: bool) -> None:
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // stage.workers)
     trainer = TorchTrainer(
         probe.train_loop,
-        train_loop_config={"plan": stage, "model_input": inputs, "output_dir": str(folder)},
+        train_loop_config={"plan": stage, "output_dir": str(folder)},
         scaling_config=ScalingConfig(
             num_workers=stage.workers, use_gpu=gpu, resources_per_worker=None if gpu else {"CPU": cpus}
         ),
@@ -123,7 +124,7 @@ def run_stages(plan: Any, names: list[str], gpu: bool) -> dict[str, str]:
     """Run each named stage into a clean folder; a stage that fails is reported, not fatal."""
     import ray
 
-    from align.run.controller import connect, model_input
+    from align.run.controller import connect, resolve_inputs
     from align.run.records import stage_dir
 
     ray.cloudpickle.register_pickle_by_value(probe)  # the workers cannot import bench/
@@ -131,13 +132,13 @@ def run_stages(plan: Any, names: list[str], gpu: bool) -> dict[str, str]:
     folders = {name: stage_dir(str(RUNS), PIPELINE, name) for name in plan.order}
     failures = {}
     for name in names:
-        stage = plan.stages[name]
+        stage = dataclasses.replace(plan.stages[name], inputs=resolve_inputs(plan.stages[name], folders))
         shutil.rmtree(folders[name], ignore_errors=True)
         folders[name].mkdir(parents=True)
         print(f"[{name}] {stage.backend} on {stage.workers} ranks, {stage.precision}", flush=True)
         started = time.time()
         try:
-            launch(stage, model_input(plan, stage, folders), folders[name], gpu)
+            launch(stage, folders[name], gpu)
         except Exception as err:  # noqa: BLE001 - an unfinished backend must not stop the others
             failures[name] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"
             print(f"[{name}] FAILED: {failures[name]}", flush=True)
@@ -268,8 +269,9 @@ def main() -> int:
     started = time.time()
     import torch
 
-    from align.plan import Hardware, build
-    from align.spec import load
+    from align.hardware import Hardware
+    from align.pipeline_file import load
+    from align.plan import build
 
     gpu = torch.cuda.is_available()
     if gpu and torch.cuda.device_count() < WORKERS:

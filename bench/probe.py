@@ -24,7 +24,6 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -298,9 +297,9 @@ def sweep_live_tensors(counted: dict[tuple[str, int], tuple[str, int]]) -> dict[
 
 
 class ProbedBackend:
-    """The stage's real backend module, with the probe added to its callbacks and nothing else changed."""
+    """The stage's real backend, with the probe added to its callbacks and nothing else changed."""
 
-    def __init__(self, backend: ModuleType, baseline_rss: int) -> None:
+    def __init__(self, backend: Any, baseline_rss: int) -> None:
         self.backend = backend
         self.baseline_rss = baseline_rss
 
@@ -320,7 +319,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import deepspeed  # noqa: F401 - part of the baseline for every backend
     import trl  # noqa: F401
 
-    from align.backends import backend_for
+    from align.backends import BACKENDS
     from align.run.worker import quiet_libraries
     from align.stages import runner_for
     from align.stages.context import StageContext
@@ -329,10 +328,8 @@ def train_loop(config: dict[str, Any]) -> None:
     plan = config["plan"]
     context = StageContext(
         plan=plan,
-        model_input=config["model_input"],
         output_dir=Path(config["output_dir"]),
-        backend=ProbedBackend(backend_for(plan.backend), current_rss()),
         rank=int(os.environ.get("RANK", "0")),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        backend=ProbedBackend(BACKENDS[plan.backend], current_rss()),
     )
     runner_for(plan.kind).run(context)

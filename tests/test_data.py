@@ -12,7 +12,8 @@ from datasets import Dataset, DatasetDict
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from align.data import BUILTIN_DATA, build_chatterbot, check_data, load_data, resolve_data  # noqa: E402
+from align.corpora import BUILTIN_DATA, build_chatterbot  # noqa: E402
+from align.data import check_data, load_data, resolve_data  # noqa: E402
 from align.errors import DataError  # noqa: E402
 
 PREFS = [
@@ -88,7 +89,7 @@ def test_chatterbot_is_deterministic_for_a_seed(chatterbot: Path, tmp_path: Path
 
 def test_builtin_refs_materialize_once_in_the_cache(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
-    assert check_data("align:chatterbot/prefs/train", "dpo", "stages.dpo.data") is None
+    assert check_data("align:chatterbot/prefs/train", "preferences", "stages.dpo.data") is None
     assert not (tmp_path / "data").exists()  # validating builds nothing
     path = resolve_data("align:chatterbot/prefs/train", "stages.dpo.data")
     assert path == tmp_path / "data" / "chatterbot" / "prefs-train.jsonl"
@@ -103,7 +104,7 @@ def test_unknown_builtin_lists_the_builtins() -> None:
 
 
 def test_check_data_on_builtin_reports_a_kind_mismatch() -> None:
-    problem = check_data("align:chatterbot/sft/train", "dpo", "x")
+    problem = check_data("align:chatterbot/sft/train", "preferences", "x")
     assert problem is not None and "lacks columns 'chosen', 'rejected'" in problem
 
 
@@ -115,26 +116,32 @@ def test_jsonl_json_and_parquet_load(tmp_path: Path) -> None:
     columns = {"prompt": ["Hi", "Yo"], "chosen": ["Hello", "Hey"], "rejected": ["No", "Bye"]}
     pd.DataFrame(columns).to_parquet(parquet)
     for path in (jsonl, array, parquet):
-        assert check_data(str(path), "dpo", "d") is None
-        dataset = load_data(str(path), "dpo", "d")
+        assert check_data(str(path), "preferences", "d") is None
+        dataset = load_data(str(path), "preferences", "d")
         assert isinstance(dataset, Dataset) and len(dataset) == 2
         assert dataset.column_names == ["prompt", "chosen", "rejected"]
-    assert load_data(str(jsonl), "dpo", "d")[0]["chosen"] == [{"role": "assistant", "content": "Hello!"}]
+    assert load_data(str(jsonl), "preferences", "d")[0]["chosen"] == [
+        {"role": "assistant", "content": "Hello!"}
+    ]
 
 
 def test_datasets_folders_load_and_a_dataset_dict_needs_a_split(tmp_path: Path) -> None:
     splits = DatasetDict(train=Dataset.from_list(PREFS), test=Dataset.from_list(PREFS[:1]))
     splits.save_to_disk(tmp_path / "dd")
     splits["train"].save_to_disk(tmp_path / "single")
-    assert check_data(str(tmp_path / "single"), "dpo", "d") is None
-    assert len(load_data(str(tmp_path / "single"), "dpo", "d")) == 2
-    assert check_data(f"{tmp_path / 'dd'}@test", "dpo", "d") is None
-    assert len(load_data(f"{tmp_path / 'dd'}@test", "dpo", "d")) == 1
+    assert check_data(str(tmp_path / "single"), "preferences", "d") is None
+    assert len(load_data(str(tmp_path / "single"), "preferences", "d")) == 2
+    assert check_data(f"{tmp_path / 'dd'}@test", "preferences", "d") is None
+    assert len(load_data(f"{tmp_path / 'dd'}@test", "preferences", "d")) == 1
     assert resolve_data(f"{tmp_path / 'dd'}@test", "d") == tmp_path / "dd" / "test"
-    assert "holds several splits (train, test): name one, as" in check_data(str(tmp_path / "dd"), "dpo", "d")
-    assert "has no split 'dev'; it has: train, test" in check_data(f"{tmp_path / 'dd'}@dev", "dpo", "d")
+    assert "holds several splits (train, test): name one, as" in check_data(
+        str(tmp_path / "dd"), "preferences", "d"
+    )
+    assert "has no split 'dev'; it has: train, test" in check_data(
+        f"{tmp_path / 'dd'}@dev", "preferences", "d"
+    )
     assert "that `datasets` save_to_disk did not write (no state.json)" in check_data(
-        str(tmp_path), "dpo", "d"
+        str(tmp_path), "preferences", "d"
     )
 
 
@@ -152,12 +159,12 @@ def test_missing_column_names_the_file_the_column_and_the_choices(tmp_path: Path
     (tmp_path / "data").mkdir()
     write_jsonl(tmp_path / "data" / "prefs.jsonl", [{"prompt": "Hi", "chosen": "Hello"}])
     expected = (
-        "data/prefs.jsonl lacks column 'rejected' that a dpo stage needs (it has: prompt, chosen); "
+        "data/prefs.jsonl lacks column 'rejected' that preferences data needs (it has: prompt, chosen); "
         "expected one of: prompt+chosen+rejected, chosen+rejected"
     )
-    assert check_data("data/prefs.jsonl", "dpo", "stages.dpo.data") == expected
+    assert check_data("data/prefs.jsonl", "preferences", "stages.dpo.data") == expected
     with pytest.raises(DataError) as error:
-        load_data("data/prefs.jsonl", "dpo", "stages.dpo.data")
+        load_data("data/prefs.jsonl", "preferences", "stages.dpo.data")
     assert str(error.value) == f"stages.dpo.data: {expected}"
     assert check_data("data/prefs.jsonl", "sft", "d").startswith("data/prefs.jsonl lacks column 'completion'")
 

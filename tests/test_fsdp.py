@@ -15,10 +15,12 @@ import pytest
 import torch
 import yaml
 
-from align.backends import fsdp
+from align.backends import BACKENDS, fsdp_shards
 from align.errors import ConfigError
-from align.plan import Hardware, build
-from align.spec import FSDPSpec, load
+from align.hardware import Hardware
+from align.pipeline_file import load
+from align.plan import build
+from align.spec import FSDPSpec
 from tests.pipelines import (
     PREF_DATA,
     placement_reports,
@@ -31,6 +33,7 @@ from tests.pipelines import (
 
 CPU = Hardware(accelerator=False, device_memory=80 * 2**30)
 CONSTANT_LR = {"lr_scheduler_type": "constant"}
+FSDP = BACKENDS["fsdp"]
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "fsdp" / "fsdp2.yaml"
 
 
@@ -95,7 +98,7 @@ def test_verify_refuses_an_unsharded_model():
     plan = SimpleNamespace(name="sft", workers=2)
     total = sum(p.numel() for p in model.parameters())
     with pytest.raises(RuntimeError, match="stage 'sft'") as refused:
-        fsdp.verify(model, plan)
+        fsdp_shards.verify(model, plan)
     assert f"about {total / 2:,.0f} of the {total:,}" in str(refused.value)
     assert f"this rank holds {total:,} (0 DTensor parameters)" in str(refused.value)
 
@@ -106,6 +109,7 @@ def test_verify_refuses_an_unsharded_model():
         ({"lora": {"r": 4}}, {}, "stages.sft.backend: fsdp trains full parameters"),
         ({}, {"workers": 1}, "stages.sft.workers"),
         ({"trl": {"resume_from_checkpoint": "/nonexistent"}}, {}, "stages.sft.trl.resume_from_checkpoint"),
+        ({"fsdp": {"mixed_precision": "fp16"}}, {}, "stages.sft.fsdp.mixed_precision"),
     ],
 )
 def test_what_fsdp_cannot_do_is_refused_at_plan_time_with_the_yaml_path(
@@ -122,16 +126,14 @@ def test_what_fsdp_cannot_do_is_refused_at_plan_time_with_the_yaml_path(
 
 
 def test_settings_follow_the_stage(tmp_path):
-    plain = fsdp.model_kwargs(stage_plan(tmp_path))["distributed_config"]
+    plain = FSDP.model_kwargs(stage_plan(tmp_path))["distributed_config"]
     assert (plain.fsdp_size, plain.fsdp_mixed_precision, plain.fsdp_cpu_offload) == (2, False, False)
-    assert fsdp.trainer_args(stage_plan(tmp_path)) == {"save_only_model": True}
+    assert FSDP.trainer_args(stage_plan(tmp_path)) == {"save_only_model": True}
 
-    bf16 = fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "bf16"}))["distributed_config"]
+    bf16 = FSDP.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "bf16"}))["distributed_config"]
     assert bf16.fsdp_mixed_precision
-    offload = fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"cpu_offload": True}))["distributed_config"]
+    offload = FSDP.model_kwargs(stage_plan(tmp_path, fsdp={"cpu_offload": True}))["distributed_config"]
     assert offload.fsdp_cpu_offload == torch.cuda.is_available()  # on a CPU run the shards are in host memory
-    with pytest.raises(ConfigError, match="stages.sft.fsdp.mixed_precision"):
-        fsdp.model_kwargs(stage_plan(tmp_path, fsdp={"mixed_precision": "fp16"}))
 
 
 def test_preset_documents_the_defaults():
@@ -193,13 +195,13 @@ def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
     dist.init_process_group("gloo")
     facts = {}
     for name, plan in plans.items():
-        model = fsdp.prepare(load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plan)), plan)
-        facts[f"{name} bytes"] = fsdp.held_storage_bytes(model)
+        model = FSDP.prepare(load_causal_lm(resolve_model("tiny"), **FSDP.model_kwargs(plan)), plan)
+        facts[f"{name} bytes"] = fsdp_shards.held_storage_bytes(model)
         facts[name] = unit_facts(model)
-    viewed = load_causal_lm(resolve_model("tiny"), **fsdp.model_kwargs(plans["off"]))
+    viewed = load_causal_lm(resolve_model("tiny"), **FSDP.model_kwargs(plans["off"]))
     shards_as_views(viewed)
     try:
-        fsdp.verify(viewed, plans["off"])
+        fsdp_shards.verify(viewed, plans["off"])
     except RuntimeError as refused:
         facts["refused"] = str(refused)
     Path(out, f"rank{rank}.json").write_text(json.dumps(facts))

@@ -14,7 +14,6 @@ from align.memory import (
     FrozenModel,
     StateBytes,
     Workload,
-    choose_backend,
     dpo_reference,
     estimate,
     format_bytes,
@@ -255,6 +254,26 @@ def test_reward_model_count_equals_a_real_one_label_classifier(tied: bool) -> No
     )
 
 
+def choose_backend(model, workload: Workload, *, world_size: int, device_memory: int) -> tuple[str, str]:
+    """The plan's `auto` choice for a stage that trains `workload` (LoRA when it has a rank)."""
+    from align.backends import BACKENDS
+    from align.hardware import Hardware
+    from align.memory import describe_workload
+    from align.plan import choose_backend as choose
+    from align.spec import SFTStage
+
+    lora = {"r": workload.lora_rank, "load_in_4bit": workload.quantize_4bit} if workload.lora_rank else None
+    stage = SFTStage(kind="sft", data={"train": "unused.jsonl"}, lora=lora)
+
+    def price(backend):
+        return backend.estimates(model, workload, world_size, stage)[backend.option(stage)]
+
+    hardware = Hardware(accelerator=True, device_memory=device_memory, bf16=True)
+    what = describe_workload(model, workload)
+    assert set(BACKENDS) == {"ddp", "zero2", "fsdp"}
+    return choose(stage, "stages.sft", world_size, "bf16", hardware, price, what)
+
+
 def test_auto_picks_zero2_for_8b_qlora() -> None:
     workload = Workload(lora_rank=16, quantize_4bit=True, seq_len=2048, gradient_checkpointing=True)
 
@@ -275,7 +294,7 @@ def test_auto_picks_fsdp_for_70b_full_on_8x80gb_and_says_it_does_not_fit() -> No
     )
 
     assert backend == "fsdp"
-    assert reason.startswith("full-parameter 70.6B does not fit: ZeRO-2 needs 300 GB/rank; ")
+    assert reason.startswith("full-parameter 70.6B on 8 ranks does not fit: ZeRO-2 needs 300 GB/rank; ")
     assert "FSDP needs 141 GB/rank, 69.1 GB over 72.0 GB usable" in reason
 
 
@@ -298,7 +317,7 @@ def test_auto_full_parameter(model: str, world_size: int, expected: str, needs: 
 def test_auto_uses_ddp_on_one_rank_when_it_fits() -> None:
     assert choose_backend(100_000_000, Workload(), world_size=1, device_memory=parse_memory("80GB")) == (
         "ddp",
-        "full-parameter 100M on 1 rank: DDP needs 1.60 GB <= 72.0 GB usable (90% of 80.0 GB)",
+        "full-parameter 100M on 1 rank: DDP needs 1.60 GB/rank <= 72.0 GB usable (90% of 80.0 GB)",
     )
 
 

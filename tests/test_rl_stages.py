@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from align.cli import main
-from align.data import build_toy
+from align.corpora import build_toy
 from align.rewards import RewardError, exact_answer, format_match, guarded_function, length_target
 from tests.pipelines import QUIET_TRL, run, stage_record
 

@@ -161,7 +161,7 @@ stages:
     data: {train: align:chatterbot/sft/train}
     trl: {output_dir: /tmp/x}
   rl:
-    kind: kto
+    kind: ktx
 """,
     )
     code, _, err = validate(capsys, path)

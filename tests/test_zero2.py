@@ -11,11 +11,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from align.backends import zero2
-from align.backends.report import ShardingReport
+from align.backends import BACKENDS, zero2
+from align.backends.sharding_report import ShardingReport
+from align.backends.zero2_check import ZeroOptimizerCheck
 from align.errors import ConfigError
-from align.plan import Hardware, StagePlan, build
-from align.spec import Pipeline
+from align.hardware import Hardware
+from align.plan import StagePlan, build
+from align.spec import KINDS, Pipeline
 from tests.pipelines import PREF_DATA, placement_reports, run, stage, stage_record, write_pipeline
 
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
@@ -28,7 +30,8 @@ FEW_PAIRS = {**PREF_DATA, "max_train_rows": 32, "max_eval_rows": 8}  # DPO score
 def zero2_plan(**fields) -> StagePlan:
     """The plan of one DPO stage under backend zero2 on 2 CPU ranks; nothing is loaded."""
     body = {"kind": "dpo", "data": {"train": "prefs.jsonl"}, "backend": "zero2", "workers": 2, **fields}
-    pipeline = Pipeline.model_validate({"name": "p", "base_model": "tiny", "stages": {"dpo": body}})
+    stage = KINDS["dpo"].spec.model_validate(body)
+    pipeline = Pipeline(name="p", base_model="tiny", stages={"dpo": stage})
     return build(pipeline, CPU_HOST).stages["dpo"]
 
 
@@ -103,7 +106,7 @@ def test_generated_configs_match_the_shipped_presets() -> None:
 def test_a_named_json_is_used_as_it_is() -> None:
     for name in ("zero2_offload.json", "zero2.json"):
         plan = zero2_plan(lora=LORA, zero2={"config": str(PRESETS / name)})
-        assert zero2.trainer_args(plan) == {"deepspeed": preset(name)}
+        assert BACKENDS["zero2"].trainer_args(plan) == {"deepspeed": preset(name)}
 
 
 @pytest.mark.parametrize(
@@ -135,14 +138,14 @@ def test_offload_without_an_optimizer_entry_is_accepted_when_the_user_waives_it(
     (tmp_path / "ds.json").write_text(json.dumps(body))
     plan = zero2_plan(zero2={"config": str(tmp_path / "ds.json")})
     assert zero2.deepspeed_config(plan) == body
-    check, report = zero2.callbacks(plan, tmp_path)
+    check, report = BACKENDS["zero2"].callbacks(plan, tmp_path)
     assert not check.on_host and isinstance(report, ShardingReport)
 
 
 def test_callbacks_check_the_optimizer_then_report_placement(tmp_path) -> None:
     for plan, on_host in ((zero2_plan(lora=LORA), True), (zero2_plan(), False)):
-        check, report = zero2.callbacks(plan, tmp_path)
-        assert isinstance(check, zero2.ZeroOptimizerCheck) and check.on_host is on_host
+        check, report = BACKENDS["zero2"].callbacks(plan, tmp_path)
+        assert isinstance(check, ZeroOptimizerCheck) and check.on_host is on_host
         assert isinstance(report, ShardingReport)
 
 
@@ -151,13 +154,13 @@ def test_the_check_fails_loudly_when_deepspeed_did_not_take_over() -> None:
 
     adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
     with pytest.raises(RuntimeError, match="AdamW, not DeepSpeedZeroOptimizer"):
-        zero2.ZeroOptimizerCheck(on_host=False).on_train_begin(None, None, None, optimizer=adamw)
+        ZeroOptimizerCheck(on_host=False).on_train_begin(None, None, None, optimizer=adamw)
     zero = object.__new__(DeepSpeedZeroOptimizer)  # only its class and `.optimizer` are looked at
     zero.optimizer = adamw
     wrapped = SimpleNamespace(optimizer=zero)  # as accelerate's DeepSpeedOptimizerWrapper holds it
-    zero2.ZeroOptimizerCheck(on_host=False).on_train_begin(None, None, None, optimizer=wrapped)
+    ZeroOptimizerCheck(on_host=False).on_train_begin(None, None, None, optimizer=wrapped)
     with pytest.raises(RuntimeError, match="ZeRO steps with AdamW, not DeepSpeedCPUAdam"):
-        zero2.ZeroOptimizerCheck(on_host=True).on_train_begin(None, None, None, optimizer=wrapped)
+        ZeroOptimizerCheck(on_host=True).on_train_begin(None, None, None, optimizer=wrapped)
 
 
 # Every case runs on CPU ranks over gloo; the `cuda` variant runs them unchanged on 2 GPUs over NCCL.

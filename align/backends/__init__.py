@@ -1,23 +1,14 @@
-"""Distributed backends: each is a module of plain functions from a stage plan to launch settings.
+"""The registry of distributed backends: name -> a `Backend` (align/backends/base.py).
 
-A backend knows DeepSpeed or FSDP and nothing of DPO or PPO; a stage runner asks it for what it
-needs and never tests which backend it has. Each module provides:
-- `model_kwargs(plan) -> dict`: extra `from_pretrained` arguments;
-- `prepare(model, plan) -> model`: wrapping or sharding after load (and after earlier adapters merge);
-- `trainer_args(plan) -> dict`: extra TRL/`TrainingArguments` fields (e.g. `deepspeed=`);
-- `callbacks(plan, logs_dir) -> list`: trainer callbacks (per-rank placement report, checkpoints);
-- `verify(model, plan)`: fail loudly if the backend did not do what it claims (e.g. no sharding).
+Adding one is its module, a line here, and its arithmetic in align/memory.py. Importing this is cheap:
+each backend imports torch, DeepSpeed or transformers only inside the methods that run in a worker.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from align.backends.base import Backend
+from align.backends.ddp import DDP
+from align.backends.fsdp import FSDP
+from align.backends.zero2 import Zero2
 
-from align.backends import ddp, fsdp, zero2
-
-BACKENDS: dict[str, ModuleType] = {"ddp": ddp, "zero2": zero2, "fsdp": fsdp}
-
-
-def backend_for(name: str) -> ModuleType:
-    """The module implementing a backend the plan chose."""
-    return BACKENDS[name]
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (DDP(), Zero2(), FSDP())}

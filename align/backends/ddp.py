@@ -1,36 +1,56 @@
-"""Plain data parallelism: every rank holds the whole model; the baseline the others are measured against."""
+"""Plain data parallelism: every rank holds the whole model; the baseline the others are measured against.
+
+`DDP` is also the set of defaults a backend that replicates the weights keeps (ZeRO-2 extends it).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from align.backends.report import ShardingReport
+from align.errors import Problem
+from align.memory import Workload, estimate
 
-
-def trainer_args(plan: Any) -> dict[str, Any]:
-    """DDP needs no extra trainer settings beyond telling it every parameter is used."""
-    return {"ddp_find_unused_parameters": False}
-
-
-def check_supported(plan: Any) -> None:
-    """Every stage a pipeline can express runs under this backend."""
+if TYPE_CHECKING:
+    from align.architectures import Architecture
+    from align.plan import StagePlan
+    from align.spec import StageBase
 
 
-def model_kwargs(plan: Any) -> dict[str, Any]:
-    """Models load whole on each rank."""
-    return {}
+class DDP:
+    """Whole models on every rank, wrapped in DDP by the Trainer itself."""
 
+    name = "ddp"
+    titles = {"ddp": "DDP"}
+    policy_held = "replicated on every rank"
+    frozen_sharded = False
 
-def prepare(model: Any, plan: Any) -> Any:
-    """The model as loaded: the trainer wraps it in DDP itself."""
-    return model
+    def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:
+        return []
 
+    def offloads_optimizer(self, stage: StageBase) -> bool:
+        return False
 
-def verify(model: Any, plan: Any) -> None:
-    """Nothing is sharded, so there is nothing to prove."""
+    def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
+        return {self.name: estimate(arch, work, backend=self.name, world_size=workers)}
 
+    def option(self, stage: StageBase) -> str:
+        return self.name
 
-def callbacks(plan: Any, logs_dir: Path) -> list[Any]:
-    """Record what each rank holds, as every backend does."""
-    return [ShardingReport(logs_dir)]
+    def model_kwargs(self, plan: StagePlan) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, model: Any, plan: StagePlan) -> Any:
+        return model
+
+    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+        """Every parameter is used: DDP need not search for unused ones."""
+        return {"ddp_find_unused_parameters": False}
+
+    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+        from align.backends.sharding_report import ShardingReport
+
+        return [ShardingReport(logs_dir)]
+
+    def verify(self, model: Any, plan: StagePlan) -> None:
+        """Nothing is sharded, so there is nothing to prove."""

@@ -5,9 +5,9 @@ Mechanism: transformers' own FSDP2. `model_kwargs` asks `from_pretrained` for
 whose parameters are DTensors, and the model reports `is_distributed_loading_by_transformers`. That flag
 is what makes the Trainer skip its DDP wrap and device move, defer gradient reduction under accumulation,
 and gather a full `model.safetensors` in `save_model()`. HF/accelerate's `fsdp=` is not used: on CPU it
-silently becomes DDP. `prepare` then gives each shard its own memory (on CPU transformers leaves it a view
-of the whole tensor it loaded), tunes the units through FSDP2's public methods, and `verify` proves that each
-rank holds 1/N of the parameters, in elements and in the bytes behind them.
+silently becomes DDP. `prepare` then gives each shard its own memory, tunes the units through FSDP2's
+public methods, and `verify` proves that each rank holds 1/N of the parameters, in elements and in the
+bytes behind them (align/backends/fsdp_shards.py, the torch side).
 
 Checkpoints: the Trainer will not save the optimizer of such a model (it insists on `save_only_model`),
 so `ShardedCheckpoint` writes model, optimizer and scheduler as a torch distributed checkpoint (DCP), one
@@ -16,300 +16,117 @@ file per rank, into each HF checkpoint folder, and loads it back when training r
 
 from __future__ import annotations
 
-import json
-import random
-import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, distribute_tensor
-from transformers import DistributedConfig, TrainerCallback
-from transformers.modeling_layers import GradientCheckpointingLayer
+from align.errors import Problem
+from align.memory import Workload, estimate
 
-from align.backends.report import ShardingReport, global_numel, local_numel
-from align.errors import ConfigError, Problem
+if TYPE_CHECKING:
+    from align.architectures import Architecture
+    from align.plan import StagePlan
+    from align.spec import StageBase
 
-# The DCP folder inside each HF checkpoint. Never `optimizer*`: the Trainer takes such a folder for its
-# own optimizer file and would try to load it on resume.
 DCP_FOLDER = "fsdp_state"
-# Shard(0) splits a parameter's first dimension in equal chunks but the last, so a rank may hold a little
-# more or less than total / workers; DDP would hold `workers` times as much.
-SHARD_TOLERANCE = 0.1
-
-# Every model `prepare` sharded in this process, the frozen DPO reference included, for the report.
-SHARDED_MODELS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""The DCP folder inside each HF checkpoint. Never `optimizer*`: the Trainer takes such a folder for its
+own optimizer file and would try to load it on resume."""
 
 
-def check_supported(plan: Any) -> None:
-    """Refuse what this backend would not shard, rather than run it unsharded under the name fsdp."""
-    where, trl = f"stages.{plan.name}", plan.stage.trl
-    problems = []
-    if plan.stage.lora is not None:
-        problems.append(
-            Problem(
-                f"{where}.backend",
-                "fsdp trains full parameters; with `lora:` only the frozen base would be sharded while the "
-                "adapters and their optimizer states stay replicated. Use `backend: zero2` for LoRA/QLoRA",
-            )
-        )
-    if plan.workers < 2:
-        problems.append(Problem(f"{where}.workers", "fsdp shards across workers and needs 2 or more"))
-    if "save_only_model" in trl:
-        problems.append(
-            Problem(
-                f"{where}.trl.save_only_model",
-                "fsdp sets this: the Trainer saves the model, the backend saves the sharded optimizer",
-            )
-        )
-    resume = trl.get("resume_from_checkpoint")
-    if resume and not (Path(resume) / DCP_FOLDER / ".metadata").is_file():
-        problems.append(
-            Problem(
-                f"{where}.trl.resume_from_checkpoint",
-                f"{resume} has no {DCP_FOLDER}/ with the sharded model and optimizer states; resume from "
-                "a checkpoint that a stage under `backend: fsdp` wrote",
-            )
-        )
-    if problems:
-        raise ConfigError(problems)
+class FSDP:
+    name = "fsdp"
+    titles = {"fsdp": "FSDP"}
+    policy_held = "parameters, grads and optimizer states sharded"
+    frozen_sharded = True
 
-
-def mixed_precision(plan: Any) -> bool:
-    """Whether FSDP computes in bf16 and reduces gradients in fp32 (`auto` follows the stage precision)."""
-    requested = plan.stage.fsdp.mixed_precision
-    dtype = plan.precision if requested == "auto" else requested
-    if dtype == "fp16":
-        raise ConfigError(
-            [
+    def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:
+        """What this backend would not shard, refused rather than run unsharded under the name fsdp."""
+        trl = getattr(stage, "trl", {})
+        problems = []
+        if getattr(stage, "lora", None) is not None:
+            problems.append(
                 Problem(
-                    f"stages.{plan.name}.fsdp.mixed_precision",
+                    f"{where}.backend",
+                    "fsdp trains full parameters; with `lora:` only the frozen base would be sharded while "
+                    "the adapters and their optimizer states stay replicated. Use `backend: zero2` for "
+                    "LoRA/QLoRA",
+                )
+            )
+        if workers < 2:
+            problems.append(Problem(f"{where}.workers", "fsdp shards across workers and needs 2 or more"))
+        if compute_dtype(stage, precision) == "fp16":
+            problems.append(
+                Problem(
+                    f"{where}.fsdp.mixed_precision",
                     "transformers' FSDP2 offers bf16 compute with fp32 gradient reduction, not fp16; "
                     "set `mixed_precision: bf16` or `fp32` (or the stage's `precision: bf16`)",
                 )
-            ]
-        )
-    return dtype == "bf16"
-
-
-def trainer_args(plan: Any) -> dict[str, Any]:
-    """HF's own checkpoints keep the model only: its rank-0 optimizer file cannot hold sharded states."""
-    check_supported(plan)
-    return {"save_only_model": True}
-
-
-def model_kwargs(plan: Any) -> dict[str, Any]:
-    """Shard at load time: each rank reads only its part of every parameter.
-
-    Offload applies with an accelerator only: on a CPU run the shards already live in host memory, and
-    FSDP2's offload policy would pin memory, which needs an accelerator.
-    """
-    check_supported(plan)
-    spec = plan.stage.fsdp
-    config = DistributedConfig(
-        fsdp_size=plan.workers,
-        fsdp_cpu_offload=spec.cpu_offload and torch.cuda.is_available(),
-        fsdp_mixed_precision=mixed_precision(plan),
-    )
-    return {"distributed_config": config}
-
-
-def decoder_layers(model: torch.nn.Module) -> list[FSDPModule]:
-    """The per-layer FSDP units, in forward order."""
-    return [
-        m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and isinstance(m, FSDPModule)
-    ]
-
-
-def prepare(model: Any, plan: Any) -> Any:
-    """Give the shards their own memory, apply the stage's FSDP settings, then prove the sharding.
-
-    Resharding is set on every unit, the root included: transformers keeps the root and the head gathered
-    after forward, which a frozen DPO reference (no backward to reshard it) would then hold for good.
-    """
-    own_shard_storage(model)
-    spec = plan.stage.fsdp
-    model.set_reshard_after_forward(spec.reshard_after_forward)
-    if spec.prefetch:
-        layers = decoder_layers(model)
-        for earlier, later in zip(layers, layers[1:], strict=False):
-            earlier.set_modules_to_forward_prefetch([later])
-            later.set_modules_to_backward_prefetch([earlier])
-    if spec.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.register_load_state_dict_pre_hook(shard_full_tensors)
-    verify(model, plan)
-    SHARDED_MODELS.add(model)
-    return model
-
-
-def own_shard_storage(model: torch.nn.Module) -> None:
-    """Copy every shard that is a view of a larger tensor into a storage of its own.
-
-    transformers cuts each rank's shard at load as a slice of the whole tensor it read and moves it with
-    `.to(device, dtype)`, which on CPU in the checkpoint's dtype copies nothing. Each shard stays a view of
-    the whole tensor, itself in safetensors' copy-on-write mapping of the checkpoint file: 1/N of the
-    elements behind all of the bytes, the file mapped for the whole run, and storage accounting (the
-    bench, `verify`) that cannot tell it from an unsharded model. (On GPU the move copies just the shard,
-    and nothing is done here.) Runs before the first forward, whose FSDP2 lazy init takes each
-    parameter's sharded data from its local tensor, so the copy is what FSDP gathers and the optimizer
-    steps.
-    """
-    for param in model.parameters():
-        if not isinstance(param, DTensor):
-            continue
-        local = param._local_tensor  # FSDP2 itself swaps this attribute when it pads a shard
-        if local.untyped_storage().nbytes() > local.numel() * local.element_size():
-            param._local_tensor = local.clone(memory_format=torch.contiguous_format)
-
-
-def shard_full_tensors(model: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """Load pre-hook: cut full tensors into this rank's shards, so that a full `load_state_dict` works.
-
-    The Trainer's resume loads the checkpoint's `model.safetensors` this way, before the DCP restore.
-    """
-    for name, param in model.named_parameters(remove_duplicate=False):  # tied weights under each name
-        value = state_dict.get(prefix + name)
-        if isinstance(param, DTensor) and torch.is_tensor(value) and not isinstance(value, DTensor):
-            state_dict[prefix + name] = distribute_tensor(
-                value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None
             )
-
-
-def held_elements(model: torch.nn.Module) -> tuple[int, int, int]:
-    """This rank's parameter elements, the whole model's, and how many parameters are DTensors."""
-    params = list(model.parameters())
-    local = sum(local_numel(p) for p in params)
-    total = sum(global_numel(p) for p in params)
-    return local, total, sum(isinstance(p, DTensor) for p in params)
-
-
-def held_storage_bytes(model: torch.nn.Module) -> tuple[int, int]:
-    """Bytes of the distinct storages behind this rank's parameters, and the whole model's parameter bytes.
-
-    Elements alone can mislead: a shard that is a view of the whole tensor holds 1/N of the elements and
-    all of the memory.
-    """
-    storages: dict[tuple[str, int], int] = {}
-    total = 0
-    for param in model.parameters():
-        local = param._local_tensor if isinstance(param, DTensor) else param
-        total += global_numel(param) * local.element_size()
-        if local.device.type != "meta":
-            storage = local.untyped_storage()
-            storages[(local.device.type, storage.data_ptr())] = storage.nbytes()
-    return sum(storages.values()), total
-
-
-def verify(model: Any, plan: Any) -> None:
-    """Fail loudly unless this rank holds about 1/workers of the parameters, in elements and in bytes.
-
-    Elements catch a silent DDP; the bytes of the storages behind the shards catch shards that keep the
-    whole tensors alive.
-    """
-    local, total, dtensors = held_elements(model)
-    expected = total / plan.workers
-    if abs(local - expected) > SHARD_TOLERANCE * expected:
-        raise RuntimeError(
-            f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
-            f"{expected:,.0f} of the {total:,} parameter elements, but this rank holds {local:,} "
-            f"({dtensors} DTensor parameters): the model is not sharded"
-        )
-    storage, total_bytes = held_storage_bytes(model)
-    expected = total_bytes / plan.workers
-    if abs(storage - expected) > SHARD_TOLERANCE * expected:
-        raise RuntimeError(
-            f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
-            f"{expected:,.0f} bytes of parameter storage ({total_bytes:,} in all), but the storages behind "
-            f"this rank's shards hold {storage:,}: the shards are views of larger tensors that stay alive"
-        )
-
-
-def training_state(model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Model and optimizer as sharded state dicts (each rank keeps its own shards), and the scheduler."""
-    model_state, optimizer_state = get_state_dict(model, getattr(optimizer, "optimizer", optimizer))
-    return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler}
-
-
-def save_rng_state(folder: Path) -> None:
-    """HF's per-rank RNG file, restored by its resume at the right step (`save_only_model` skips it)."""
-    states = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "cpu": torch.random.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.random.get_rng_state_all()
-    torch.save(states, folder / f"rng_state_{torch.distributed.get_rank()}.pth")
-
-
-def save_training_state(folder: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
-    """Every rank writes its shards of the model and optimizer states into the checkpoint folder."""
-    dcp.save(training_state(model, optimizer, scheduler), checkpoint_id=folder / DCP_FOLDER)
-    save_rng_state(folder)
-
-
-def load_training_state(folder: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
-    """Load each rank's shards back in place (`check_supported` made sure the checkpoint has them)."""
-    state = training_state(model, optimizer, scheduler)
-    dcp.load(state, checkpoint_id=folder / DCP_FOLDER)
-    set_state_dict(
-        model,
-        getattr(optimizer, "optimizer", optimizer),
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
-    )
-
-
-class ShardedCheckpoint(TrainerCallback):
-    """DCP of model, optimizer and scheduler in each HF checkpoint, loaded back on resume."""
-
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        if args.resume_from_checkpoint:
-            load_training_state(Path(args.resume_from_checkpoint), model, optimizer, lr_scheduler)
-
-    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        save_training_state(folder, model, optimizer, lr_scheduler)
-
-
-class ShardedModelsReport(TrainerCallback):
-    """Writes `logs/fsdp-rank{R}.json`: what this rank holds of each model it sharded (policy, reference).
-
-    Elements and the bytes of the storages behind them: a shard can hold 1/N of one and all of the other.
-    """
-
-    def __init__(self, logs_dir: Path) -> None:
-        self.logs_dir = logs_dir
-        self.written = False
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.written:
-            return
-        models = []
-        for model in SHARDED_MODELS:
-            local, total, dtensors = held_elements(model)
-            storage, total_bytes = held_storage_bytes(model)
-            models.append(
-                {
-                    "param_elements_local": local,
-                    "param_elements_total": total,
-                    "param_storage_bytes": storage,
-                    "param_bytes_total": total_bytes,
-                    "dtensor_params": dtensors,
-                    "trainable": any(p.requires_grad for p in model.parameters()),
-                }
+        if "save_only_model" in trl:
+            problems.append(
+                Problem(
+                    f"{where}.trl.save_only_model",
+                    "fsdp sets this: the Trainer saves the model, the backend saves the sharded optimizer",
+                )
             )
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        path = self.logs_dir / f"fsdp-rank{args.process_index}.json"
-        path.write_text(json.dumps({"models": models}, indent=2) + "\n")
-        self.written = True
+        resume = trl.get("resume_from_checkpoint")
+        if resume and not (Path(resume) / DCP_FOLDER / ".metadata").is_file():
+            problems.append(
+                Problem(
+                    f"{where}.trl.resume_from_checkpoint",
+                    f"{resume} has no {DCP_FOLDER}/ with the sharded model and optimizer states; resume "
+                    "from a checkpoint that a stage under `backend: fsdp` wrote",
+                )
+            )
+        return problems
+
+    def offloads_optimizer(self, stage: StageBase) -> bool:
+        return False
+
+    def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
+        offload = stage.fsdp.cpu_offload
+        return {"fsdp": estimate(arch, work, backend="fsdp", world_size=workers, offload_params=offload)}
+
+    def option(self, stage: StageBase) -> str:
+        return "fsdp"
+
+    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+        """HF's own checkpoints keep the model only: its rank-0 optimizer file cannot hold sharded states."""
+        return {"save_only_model": True}
+
+    def model_kwargs(self, plan: StagePlan) -> dict[str, Any]:
+        """Shard at load time: each rank reads only its part of every parameter.
+
+        Offload applies with an accelerator only: on a CPU run the shards already live in host memory, and
+        FSDP2's offload policy would pin memory, which needs an accelerator.
+        """
+        from transformers import DistributedConfig
+
+        config = DistributedConfig(
+            fsdp_size=plan.workers,
+            fsdp_cpu_offload=plan.stage.fsdp.cpu_offload and plan.accelerator,
+            fsdp_mixed_precision=compute_dtype(plan.stage, plan.precision) == "bf16",
+        )
+        return {"distributed_config": config}
+
+    def prepare(self, model: Any, plan: StagePlan) -> Any:
+        from align.backends import fsdp_shards
+
+        return fsdp_shards.prepare(model, plan)
+
+    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+        """The placement report, the report of every sharded model, and the DCP checkpoints."""
+        from align.backends.fsdp_shards import ShardedCheckpoint, ShardedModelsReport
+        from align.backends.sharding_report import ShardingReport
+
+        return [ShardingReport(logs_dir), ShardedModelsReport(logs_dir), ShardedCheckpoint(DCP_FOLDER)]
+
+    def verify(self, model: Any, plan: StagePlan) -> None:
+        from align.backends import fsdp_shards
+
+        fsdp_shards.verify(model, plan)
 
 
-def callbacks(plan: Any, logs_dir: Path) -> list[Any]:
-    """The placement report, the report of every sharded model, and the DCP checkpoints."""
-    return [ShardingReport(logs_dir), ShardedModelsReport(logs_dir), ShardedCheckpoint()]
+def compute_dtype(stage: StageBase, precision: str) -> str:
+    """The dtype FSDP computes in: the stage's `fsdp.mixed_precision`, where `auto` follows its precision."""
+    requested = stage.fsdp.mixed_precision
+    return precision if requested == "auto" else requested

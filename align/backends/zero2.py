@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import TrainerCallback
-
-# ZeRO-2 keeps whole weights on every rank, so models load, prepare and verify as under DDP; the engine
-# is checked once it exists (`ZeroOptimizerCheck`): it does not exist before `train()`.
-from align.backends.ddp import check_supported, model_kwargs, prepare, verify  # noqa: F401
-from align.backends.report import ShardingReport
+from align.backends.ddp import DDP
 from align.errors import ConfigError, Problem
-from align.plan import offloads_optimizer
+from align.memory import Workload, estimate
+
+if TYPE_CHECKING:
+    from align.architectures import Architecture
+    from align.plan import StagePlan
+    from align.spec import StageBase
 
 AUTO_BATCH = {
     "train_micro_batch_size_per_gpu": "auto",
@@ -30,7 +30,52 @@ AUTO_BATCH = {
 ADAMW = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
 
 
-def deepspeed_config(plan: Any) -> dict[str, Any]:
+class Zero2(DDP):
+    """ZeRO-2 keeps whole weights on every rank, so models load, prepare and verify as under DDP; the
+    engine is checked once it exists (`ZeroOptimizerCheck`): it does not exist before `train()`."""
+
+    name = "zero2"
+    titles = {"zero2": "ZeRO-2", "zero2+offload": "ZeRO-2 with CPU optimizer offload"}
+    policy_held = "weights replicated; grads and optimizer states sharded"
+
+    def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:
+        """A user's own DeepSpeed JSON is read now, not after Ray has started the stage."""
+        if stage.zero2.config is None:
+            return []
+        try:
+            user_config(stage.zero2.config, f"{where}.zero2.config")
+        except ConfigError as err:
+            return err.problems
+        return []
+
+    def offloads_optimizer(self, stage: StageBase) -> bool:
+        """When asked, and by default for LoRA/QLoRA (a user's JSON says for itself)."""
+        if stage.zero2.config:
+            return steps_on_host(user_config(stage.zero2.config, "zero2.config"))
+        setting = stage.zero2.offload_optimizer
+        return setting == "cpu" or (setting == "auto" and getattr(stage, "lora", None) is not None)
+
+    def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
+        return {
+            option: estimate(arch, work, backend="zero2", world_size=workers, offload_optimizer=offload)
+            for option, offload in (("zero2", False), ("zero2+offload", True))
+        }
+
+    def option(self, stage: StageBase) -> str:
+        return "zero2+offload" if self.offloads_optimizer(stage) else "zero2"
+
+    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+        """HF Trainer builds the DeepSpeed engine itself from this dict."""
+        return {"deepspeed": deepspeed_config(plan)}
+
+    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+        """Check the live optimizer is ZeRO's before any step, then record what each rank holds."""
+        from align.backends.zero2_check import ZeroOptimizerCheck
+
+        return [ZeroOptimizerCheck(plan.offload_optimizer), *super().callbacks(plan, logs_dir)]
+
+
+def deepspeed_config(plan: StagePlan) -> dict[str, Any]:
     """The DeepSpeed config for a stage: the user's JSON when `zero2.config` names one, else generated."""
     settings = plan.stage.zero2
     if settings.config:
@@ -43,7 +88,7 @@ def deepspeed_config(plan: Any) -> dict[str, Any]:
         "allgather_bucket_size": settings.bucket_size,
     }
     config: dict[str, Any] = {**AUTO_BATCH, "zero_optimization": zero}
-    if offloads_optimizer(plan.stage, "zero2"):
+    if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
         config["optimizer"] = ADAMW
     if plan.precision in ("bf16", "fp16"):
@@ -81,48 +126,7 @@ def user_config_problem(config: Any) -> str | None:
     return None
 
 
-def trainer_args(plan: Any) -> dict[str, Any]:
-    """HF Trainer builds the DeepSpeed engine itself from this dict."""
-    return {"deepspeed": deepspeed_config(plan)}
-
-
-def callbacks(plan: Any, logs_dir: Path) -> list[Any]:
-    """Check the live optimizer is ZeRO's before any step, then record what each rank holds."""
-    return [ZeroOptimizerCheck(steps_on_host(deepspeed_config(plan))), ShardingReport(logs_dir)]
-
-
 def steps_on_host(config: dict[str, Any]) -> bool:
     """Whether DeepSpeed must step with its CPU optimizer: offloaded, and not waived by the user."""
     offload = config["zero_optimization"].get("offload_optimizer") or {}
     return offload.get("device", "none") != "none" and config.get("zero_force_ds_cpu_optimizer", True)
-
-
-class ZeroOptimizerCheck(TrainerCallback):
-    """Fails before the first step if DeepSpeed did not install the ZeRO optimizer the config asks for.
-
-    A `deepspeed=` setting that is silently dropped (as FSDP settings are on CPU) would otherwise
-    train unsharded and look fine.
-    """
-
-    def __init__(self, on_host: bool) -> None:
-        self.on_host = on_host
-
-    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-        from deepspeed.ops.lion import DeepSpeedCPULion
-        from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
-        zero = getattr(optimizer, "optimizer", None)  # inside accelerate's DeepSpeedOptimizerWrapper
-        if not isinstance(zero, DeepSpeedZeroOptimizer):
-            raise RuntimeError(
-                f"backend zero2: the trainer's optimizer is {type(zero or optimizer).__name__}, not "
-                "DeepSpeedZeroOptimizer; DeepSpeed did not take over, so nothing would be sharded"
-            )
-        if self.on_host and not isinstance(
-            zero.optimizer, DeepSpeedCPUAdam | DeepSpeedCPULion | DeepSpeedCPUAdagrad
-        ):
-            raise RuntimeError(
-                f"backend zero2 offloads the optimizer, but ZeRO steps with {type(zero.optimizer).__name__}, "
-                "not DeepSpeedCPUAdam, so the optimizer states are not on the host"
-            )

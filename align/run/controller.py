@@ -10,16 +10,20 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError, StageFailed
+from align.fingerprint import digest
 from align.graph import downstream, reference_target, upstream
-from align.plan import Plan, StagePlan
+from align.models import resolve_model
+from align.plan import ModelInput, Plan, StageInputs, StagePlan
 from align.run import records
 from align.run.worker import ERROR, RESULT, train_loop
-from align.stages.context import ModelInput
+
+Launcher = Callable[[Plan, StagePlan, Path], dict[str, Any]]
+"""Runs one stage (its plan carries its resolved inputs) into a scratch folder; returns rank 0's result."""
 
 FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
@@ -79,47 +83,57 @@ def disconnect() -> None:
         ray.shutdown()
 
 
-def model_input(plan: Plan, stage: StagePlan, folders: dict[str, Path]) -> ModelInput:
-    """The input model of a stage: a base folder, or an upstream stage's output read from its record."""
-    from align.models import resolve_model
-
-    target = reference_target(stage.model_source)
+def model_input(value: str, field: str, folders: dict[str, Path]) -> ModelInput:
+    """A model value resolved: a builtin's cached folder, a local folder's absolute path, a hub id, or an
+    upstream stage's output read from its record (a base with its chain of adapters)."""
+    target = reference_target(value)
     if target is None:
-        return ModelInput(resolve_model(stage.model_source, f"stages.{stage.name}.model"))
-    output = records.read_record(folders[target])["output"]
+        return ModelInput(resolve_model(value, field))
+    record = records.read_record(folders[target])
+    if record is None or record.get("status") != "succeeded":
+        raise AlignError(f"{field}: stage '{target}' has no finished output to read")
+    output = record["output"]
     return ModelInput(output["base"], tuple(output["adapters"]))
 
 
-def fingerprint(stage: StagePlan, inputs: ModelInput, folders: dict[str, Path]) -> str:
-    """A hash of the resolved stage config and of its inputs: model, upstream records, data bytes."""
+def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
+    """Every folder a stage reads, resolved here on the driver so that no stage imports `run/`."""
+    model = model_input(stage.model_source, f"{stage.where}.model", folders)
+    reward_models = {
+        index: model_input(reward.model, f"{stage.where}.rewards[{index}].model", folders).base
+        for index, reward in enumerate(getattr(stage.stage, "rewards", []))
+        if reward.model is not None
+    }
+    return StageInputs(model, reward_models)
+
+
+def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
+    """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
     from align.data import data_identity
 
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
-    data_prints = (
-        {
-            split: data_identity(ref, f"stages.{stage.name}.data.{split}")
-            for split, ref in (("train", data.train), ("eval", data.eval))
-            if ref
-        }
-        if data
-        else {}
-    )
-    return records.digest(
+    splits = (("train", data.train), ("eval", data.eval)) if data else ()
+    inputs = stage.inputs
+    own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
+    return digest(
         {
             "stage": stage.stage.model_dump(mode="json"),
             "backend": stage.backend,
             "workers": stage.workers,
             "precision": stage.precision,
             "seed": stage.seed,
-            "model": None if reference_target(stage.model_source) else records.model_identity(inputs.base),
+            "model": records.model_identity(inputs.model.base) if own_model else None,
+            "reward_models": {i: records.model_identity(f) for i, f in inputs.reward_models.items()},
             "upstream": upstream_prints,
-            "data": data_prints,
+            "data": {
+                split: data_identity(ref, f"{stage.where}.data.{split}") for split, ref in splits if ref
+            },
         }
     )
 
 
-def launch(plan: Plan, stage: StagePlan, inputs: ModelInput, scratch: Path) -> dict[str, Any]:
+def ray_launch(plan: Plan, stage: StagePlan, scratch: Path) -> dict[str, Any]:
     """Run the stage on `stage.workers` Ray Train workers; return rank 0's result."""
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -129,7 +143,7 @@ def launch(plan: Plan, stage: StagePlan, inputs: ModelInput, scratch: Path) -> d
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // stage.workers)
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"plan": stage, "model_input": inputs, "output_dir": str(scratch)},
+        train_loop_config={"plan": stage, "output_dir": str(scratch)},
         scaling_config=ScalingConfig(
             num_workers=stage.workers, use_gpu=gpu, resources_per_worker=None if gpu else {"CPU": cpus}
         ),
@@ -156,8 +170,9 @@ def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[
     return {"kind": "model", "path": path, "base": path, "adapters": []}
 
 
-def run_stage(plan: Plan, stage: StagePlan, inputs: ModelInput, stamp: str, folder: Path) -> dict[str, Any]:
+def run_stage(plan: Plan, stage: StagePlan, stamp: str, folder: Path, launch: Launcher) -> dict[str, Any]:
     """Run one stage into a scratch folder and publish it with its record; keep it aside on failure."""
+    inputs = stage.inputs.model
     record: dict[str, Any] = {
         "pipeline": plan.pipeline.name,
         "stage": stage.name,
@@ -179,7 +194,7 @@ def run_stage(plan: Plan, stage: StagePlan, inputs: ModelInput, stamp: str, fold
     }
     scratch = records.scratch_dir(folder)
     try:
-        result = launch(plan, stage, inputs, scratch)
+        result = launch(plan, stage, scratch)
     except (AlignError, StageFailed, KeyboardInterrupt) as err:
         record.update(status="failed", ended=time.time(), error=str(err))
         kept = records.keep_failed(scratch, folder, record)
@@ -213,16 +228,18 @@ def run_plan(
     force: list[str] = (),
     address: str | None = None,
     on_event: Callable[[str], None] = lambda _: None,
+    launch: Launcher | None = None,
 ) -> list[Outcome]:
-    """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents."""
+    """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents.
+
+    `launch` runs a stage; by default on Ray Train, connecting to Ray only when a stage must run."""
     wanted, forced = selected_stages(plan, list(only), list(force))
     root = plan.pipeline.defaults.output_root
     folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}
     outcomes = []
     for name in (n for n in plan.order if n in wanted):
-        stage = plan.stages[name]
-        inputs = model_input(plan, stage, folders)
-        stamp = fingerprint(stage, inputs, folders)
+        stage = replace(plan.stages[name], inputs=resolve_inputs(plan.stages[name], folders))
+        stamp = fingerprint(stage, folders)
         existing = records.read_record(folders[name])
         if (
             name not in forced
@@ -233,12 +250,14 @@ def run_plan(
             on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
             outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
             continue
-        connect(address)
+        if launch is None:
+            connect(address)
         on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
         try:
-            record = run_stage(plan, stage, inputs, stamp, folders[name])
+            record = run_stage(plan, stage, stamp, folders[name], launch or ray_launch)
         except BaseException:
-            disconnect()  # let Ray's own failure logs drain first, so align's message is the last word
+            if launch is None:
+                disconnect()  # let Ray's own failure logs drain first, so align's message is the last word
             raise
         seconds = record["ended"] - record["started"]
         on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")

@@ -7,7 +7,6 @@ kept beside it (`.NAME.failed-TIME`) with a record saying why: nothing is lost o
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -18,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from align.fingerprint import file_digest
 
 RECORD = "align-stage.json"
 PACKAGES = (
@@ -61,23 +62,6 @@ def redact(value: Any) -> Any:
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
-
-
-def digest(value: Any) -> str:
-    """A stable hash of JSON-able data."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    """Hash of a data file's bytes, or of every file in a data folder."""
-    sha = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        sha.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
-        with open(file, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                sha.update(chunk)
-    return sha.hexdigest()
 
 
 def model_identity(model_dir: str) -> dict[str, Any]:

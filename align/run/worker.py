@@ -26,7 +26,6 @@ def quiet_libraries() -> None:
 
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: run the stage; rank 0 leaves its result for the driver."""
-    from align.backends import backend_for
     from align.errors import AlignError
     from align.stages import runner_for
     from align.stages.context import StageContext
@@ -35,14 +34,7 @@ def train_loop(config: dict[str, Any]) -> None:
     output_dir = Path(config["output_dir"])
     rank = int(os.environ.get("RANK", "0"))
     plan = config["plan"]
-    context = StageContext(
-        plan=plan,
-        model_input=config["model_input"],
-        output_dir=output_dir,
-        backend=backend_for(plan.backend),
-        rank=rank,
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-    )
+    context = StageContext(plan=plan, output_dir=output_dir, rank=rank)
     try:
         result = runner_for(plan.kind).run(context)
     except AlignError as err:  # a user error found late (bad data rows): the driver reports it plainly

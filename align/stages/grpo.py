@@ -8,20 +8,19 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from align.plan import ModelInput
 from align.stages.context import (
-    ModelInput,
     StageContext,
     StageResult,
     load_stage_model,
-    loss_curve,
+    merged_input,
     peft_config,
     stage_config,
     stage_data,
     stage_tokenizer,
-    write_log_history,
 )
-from align.stages.reward import merged_input
 from align.stages.rl import held_out_rewards, held_out_rows, stage_rewards
+from align.stages.training import Training, suffixed, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 
@@ -35,18 +34,18 @@ def policy_input(ctx: StageContext, beta: float) -> Iterator[StageContext]:
         yield ctx
         return
     with merged_input(ctx) as folder:
-        yield dataclasses.replace(ctx, model_input=ModelInput(folder))
+        inputs = dataclasses.replace(ctx.plan.inputs, model=ModelInput(folder))
+        yield dataclasses.replace(ctx, plan=dataclasses.replace(ctx.plan, inputs=inputs))
 
 
 def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with the stage's rewards, measure again, and save the policy."""
     import trl
 
-    stage = ctx.plan.stage
-    lora = stage.lora
-    train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
+    lora = ctx.plan.stage.lora
+    train, evaluation = stage_data(ctx)
     rewards = stage_rewards(ctx)
-    config = stage_config(ctx, ctx.plan.kind, {"reward_weights": rewards.weights})
+    config = stage_config(ctx, {"reward_weights": rewards.weights})
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     with policy_input(ctx, config.beta) as policy_ctx:
         trainer = getattr(trl, TRAINERS[ctx.plan.kind])(
@@ -56,19 +55,16 @@ def run(ctx: StageContext) -> StageResult:
             train_dataset=train,
             processing_class=tokenizer,
             reward_processing_classes=rewards.tokenizers,
-            callbacks=ctx.backend.callbacks(ctx.plan, ctx.output_dir / "logs"),
+            callbacks=ctx.callbacks(),
             peft_config=peft_config(lora),
         )
-    ctx.backend.verify(trainer.model, ctx.plan)
     held_out = held_out_rows(train, evaluation)
-    before = held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed)
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    after = held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed)
-    metrics = {f"{key}_before": value for key, value in before.items()}
-    metrics.update({f"{key}_after": value for key, value in after.items()})
+
+    def mean_rewards(phase: str) -> dict[str, float]:
+        return suffixed(
+            held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed), phase
+        )
+
     output = "adapter" if lora else "model"
-    trainer.save_model(str(ctx.output_dir / output))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(ctx.output_dir / output))
-        metrics.update(loss_curve(write_log_history(trainer, ctx.output_dir), key="reward"))
-    return StageResult(output=output, metrics=metrics)
+    training = Training(trainer, tokenizer, output, held_out=mean_rewards, curves=(("reward", "reward"),))
+    return train_stage(ctx, training)

@@ -11,7 +11,8 @@ from dataclasses import replace
 import torch
 
 from align.errors import StageFailed
-from align.stages.context import ModelInput, StageContext, StageResult, load_stage_model, stage_tokenizer
+from align.plan import ModelInput
+from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
 
 
 @torch.no_grad()
@@ -35,7 +36,8 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     *earlier, last = ctx.model_input.adapters
     tokenizer = stage_tokenizer(ctx)
-    base = load_stage_model(replace(ctx, model_input=ModelInput(ctx.model_input.base, tuple(earlier))))
+    inputs = replace(ctx.plan.inputs, model=ModelInput(ctx.model_input.base, tuple(earlier)))
+    base = load_stage_model(replace(ctx, plan=replace(ctx.plan, inputs=inputs)))
     adapted = PeftModel.from_pretrained(base, last)
     before = prompt_logits(adapted, tokenizer, stage.check_prompts)
     merged = adapted.merge_and_unload()

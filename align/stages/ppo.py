@@ -18,19 +18,15 @@ from align.placement import VALUE_ADAPTER
 from align.stages.context import (
     StageContext,
     StageResult,
-    changed_share,
     frozen_reference,
     load_stage_model,
-    loss_curve,
     peft_config,
     stage_config,
     stage_data,
     stage_tokenizer,
-    step_seconds,
-    trainable_snapshot,
-    write_log_history,
 )
 from align.stages.rl import Rewards, held_out_rewards, held_out_rows, stage_rewards
+from align.stages.training import Training, suffixed, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
 
@@ -66,12 +62,12 @@ def run(ctx: StageContext) -> StageResult:
     from transformers import set_seed
 
     set_seed(ctx.plan.seed)  # the LoRA adapters are initialised before the Trainer seeds: same seed, same run
-    stage = ctx.plan.stage
-    train, evaluation = stage_data(stage, ctx.plan.name, "prompts")
+    train, evaluation = stage_data(ctx)
     rewards = stage_rewards(ctx)
-    config = stage_config(ctx, "ppo")
+    config = stage_config(ctx)
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     policy = policy_model(ctx)
+    # policy, critic adapter and value head: the skeleton checks that each trainable parameter moved
     model = PolicyAndValue(policy, value_adapter=ctx.plan.placement.value == VALUE_ADAPTER)
     trainer = PPOTrainer(
         model=model,
@@ -80,23 +76,13 @@ def run(ctx: StageContext) -> StageResult:
         args=config,
         train_dataset=train,
         processing_class=tokenizer,
-        callbacks=ctx.backend.callbacks(ctx.plan, ctx.output_dir / "logs"),
+        callbacks=ctx.callbacks(),
     )
-    ctx.backend.verify(policy, ctx.plan)
     held_out = held_out_rows(train, evaluation)
-    before = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
-    snapshot = trainable_snapshot(model)
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    after = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
-    metrics = {f"{key}_before": value for key, value in before.items()}
-    metrics.update({f"{key}_after": value for key, value in after.items()})
-    # policy, critic adapter and value head: each trainable parameter should have moved
-    metrics["trainable_changed"] = changed_share(model, snapshot)
-    metrics.update(step_seconds(trainer))
-    output = "adapter" if stage.lora else "model"
-    trainer.save_model(str(ctx.output_dir / output))
-    if ctx.is_main:
-        history = write_log_history(trainer, ctx.output_dir)
-        metrics.update(loss_curve(history, key="reward"))
-        metrics.update(loss_curve(history, key="objective/kl", name="kl"))
-    return StageResult(output=output, metrics=metrics)
+
+    def mean_rewards(phase: str) -> dict[str, float]:
+        return suffixed(held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed), phase)
+
+    output = "adapter" if ctx.plan.stage.lora else "model"
+    curves = (("reward", "reward"), ("objective/kl", "kl"))
+    return train_stage(ctx, Training(trainer, tokenizer, output, mean_rewards, curves, model=model))

@@ -8,48 +8,22 @@ LoRA is merged before saving, because the RL stages that read it load a model, n
 from __future__ import annotations
 
 import dataclasses
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from align.evaluation import as_messages
-from align.models import load_causal_lm
 from align.stages.context import (
     StageContext,
     StageResult,
-    loss_curve,
+    merged_input,
     peft_config,
+    stage_config,
     stage_data,
     stage_tokenizer,
-    write_log_history,
 )
-from align.trl_args import build_config
-
-
-@contextmanager
-def merged_input(ctx: StageContext) -> Iterator[str]:
-    """The input model as one folder: its base, or (with adapters) the merged model in a scratch folder.
-
-    Loading by folder lets a head other than causal-LM be put on it, and lets TRL re-load a reference
-    copy from `config._name_or_path`, which would otherwise name the base without the adapters.
-    Each rank writes its own copy: no rank waits on another's disk.
-    """
-    if not ctx.model_input.adapters:
-        yield ctx.model_input.base
-        return
-    from peft import PeftModel
-
-    model = load_causal_lm(ctx.model_input.base, dtype=ctx.dtype)
-    for adapter in ctx.model_input.adapters:
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    with tempfile.TemporaryDirectory(prefix=".merged-input-", dir=ctx.output_dir) as folder:
-        model.save_pretrained(folder)
-        del model
-        yield folder
+from align.stages.training import Training, train_stage
 
 
 def load_reward_model(ctx: StageContext) -> torch.nn.Module:
@@ -96,29 +70,13 @@ def pairwise_accuracy(model: Any, tokenizer: Any, rows: Any, max_length: int) ->
     return wins / len(rows)
 
 
-def save_reward_model(trainer: Any, ctx: StageContext, folder: Path, merge: bool) -> None:
-    """A whole model folder; LoRA adapters (and their trained score head) are merged into it first."""
-    if not merge:
-        trainer.save_model(str(folder))
-    elif ctx.is_main:
-        trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(folder))
-
-
 def run(ctx: StageContext) -> StageResult:
     """Score held-out pairs, train, score them again, and save `model/` with its tokenizer."""
     from trl import RewardTrainer
 
-    stage = ctx.plan.stage
-    lora = stage.lora
-    train, evaluation = stage_data(stage, ctx.plan.name, "reward")
-    config = build_config(
-        "reward",
-        stage.trl,
-        output_dir=str(ctx.output_dir / "checkpoints"),
-        precision=ctx.plan.precision,
-        seed=ctx.plan.seed,
-        **ctx.backend.trainer_args(ctx.plan),
-    )
+    lora = ctx.plan.stage.lora
+    train, evaluation = stage_data(ctx)
+    config = stage_config(ctx)
     tokenizer = stage_tokenizer(ctx)
     model = load_reward_model(ctx)
     model.config.pad_token_id = tokenizer.pad_token_id  # the head scores the last non-pad token
@@ -130,18 +88,20 @@ def run(ctx: StageContext) -> StageResult:
         train_dataset=train,
         eval_dataset=evaluation,
         processing_class=tokenizer,
-        callbacks=ctx.backend.callbacks(ctx.plan, ctx.output_dir / "logs"),
+        callbacks=ctx.callbacks(),
         peft_config=lora_config,
     )
-    ctx.backend.verify(trainer.model, ctx.plan)
     held_out = evaluation if evaluation is not None else train
-    max_length = config.max_length or 1024
-    # every rank scores: a sharded model's forward pass is a collective
-    metrics = {"pairwise_accuracy_before": pairwise_accuracy(trainer.model, tokenizer, held_out, max_length)}
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    metrics["pairwise_accuracy_after"] = pairwise_accuracy(trainer.model, tokenizer, held_out, max_length)
-    save_reward_model(trainer, ctx, ctx.output_dir / "model", merge=lora is not None)
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(ctx.output_dir / "model"))
-        metrics.update(loss_curve(write_log_history(trainer, ctx.output_dir)))
-    return StageResult(output="model", metrics=metrics)
+
+    def accuracy(phase: str) -> dict[str, float]:
+        value = pairwise_accuracy(trainer.model, tokenizer, held_out, config.max_length or 1024)
+        return {f"pairwise_accuracy_{phase}": value}
+
+    def save(folder: Path) -> None:
+        """A whole model folder; LoRA adapters (and their trained score head) are merged into it first."""
+        if lora is None:
+            trainer.save_model(str(folder))
+        elif ctx.is_main:
+            trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(folder))
+
+    return train_stage(ctx, Training(trainer, tokenizer, "model", held_out=accuracy, save=save))

@@ -15,28 +15,15 @@ from typing import Any
 import torch
 
 from align.errors import ModelError
-from align.graph import reference_target
-from align.models import load_tokenizer, resolve_model
+from align.models import load_tokenizer
 from align.placement import REWARD_MODELS_SHARDED
-from align.rewards import RewardSpec, guarded_function
-from align.run.records import read_record
+from align.rewards import guarded_function
 from align.stages.context import StageContext
 from align.trainers.sampling import decode, generate
 
 EVAL_SAMPLES = 4  # completions per held-out prompt
 EVAL_ROWS = 64  # held-out prompts taken from the train data when the stage has no eval data
 GENERATION_CHUNK = 64
-
-
-def reward_model_folder(ctx: StageContext, value: str, field: str) -> str:
-    """The folder a reward's `model` names: a reward stage's published output, or a folder or hub id."""
-    target = reference_target(value)
-    if target is None:
-        return resolve_model(value, field)
-    record = read_record(ctx.output_dir.parent / target)  # stage folders are siblings of this scratch folder
-    if record is None or record.get("status") != "succeeded":
-        raise ModelError(f"{field}: stage '{target}' has no finished output to read")
-    return record["output"]["path"]
 
 
 def reward_model_problem(folder: str) -> str | None:
@@ -55,15 +42,15 @@ def reward_model_problem(folder: str) -> str | None:
     )
 
 
-def frozen_reward_model(ctx: StageContext, spec: RewardSpec, where: str, *, placed: bool) -> tuple[Any, Any]:
-    """A frozen reward model and its tokenizer, refused with a clear message when it is not one.
+def frozen_reward_model(ctx: StageContext, folder: str, where: str, *, placed: bool) -> tuple[Any, Any]:
+    """A frozen reward model (the folder the controller resolved) and its tokenizer, refused with a clear
+    message when it is not one.
 
     `placed`: loaded the way the backend places the policy (sharded under fsdp), as align's own PPO
     places it; TRL's trainers place the reward models they are given themselves.
     """
     from transformers import AutoModelForSequenceClassification
 
-    folder = reward_model_folder(ctx, spec.model, f"{where}.model")
     if (problem := reward_model_problem(folder)) is not None:
         raise ModelError(f"{where}.model: {problem}")
     kwargs = {"dtype": ctx.dtype, **(ctx.backend.model_kwargs(ctx.plan) if placed else {})}
@@ -113,7 +100,8 @@ def stage_rewards(ctx: StageContext) -> Rewards:
             tokenizers.append(None)
             name = spec.function.rsplit(".", 1)[-1]
         else:
-            model, tokenizer = frozen_reward_model(ctx, spec, where, placed=placed)
+            folder = ctx.plan.inputs.reward_models[index]
+            model, tokenizer = frozen_reward_model(ctx, folder, where, placed=placed)
             sources.append(model)
             tokenizers.append(tokenizer)
             name = "model"

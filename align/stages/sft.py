@@ -7,42 +7,38 @@ from align.stages.context import (
     StageResult,
     load_stage_model,
     peft_config,
-    save_outputs,
     stage_config,
     stage_data,
     stage_tokenizer,
 )
+from align.stages.training import Training, train_stage
 
 
 def run(ctx: StageContext) -> StageResult:
-    """Train, then save the adapter (LoRA) or the whole model, with the tokenizer beside it."""
+    """Train, then save the adapter (LoRA) or the whole model, with the eval loss before and after."""
     from trl import SFTTrainer
 
-    stage = ctx.plan.stage
-    lora = stage.lora
-    train, evaluation = stage_data(stage, ctx.plan.name, "sft")
+    lora = ctx.plan.stage.lora
+    train, evaluation = stage_data(ctx)
     # evaluating before training goes through the trainer's own start-of-training hook: a bare
     # evaluate() before train() is refused by DeepSpeed ZeRO-1/2 (no engine yet)
-    config = stage_config(ctx, "sft", {"eval_on_start": evaluation is not None})
+    config = stage_config(ctx, {"eval_on_start": evaluation is not None})
     tokenizer = stage_tokenizer(ctx)
-    model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
     trainer = SFTTrainer(
-        model=model,
+        model=load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
         args=config,
         train_dataset=train,
         eval_dataset=evaluation,
         processing_class=tokenizer,
-        callbacks=ctx.backend.callbacks(ctx.plan, ctx.output_dir / "logs"),
+        callbacks=ctx.callbacks(),
         peft_config=peft_config(lora),
     )
-    ctx.backend.verify(trainer.model, ctx.plan)
-    metrics = {}
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    if evaluation is not None:
-        metrics["eval_loss_before"] = next(
-            e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e
-        )
-        metrics["eval_loss_after"] = trainer.evaluate()["eval_loss"]
+
+    def eval_loss(phase: str) -> dict[str, float]:
+        if evaluation is None or phase == "before":
+            return {}
+        logged = next(entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry)
+        return {"eval_loss_before": logged, "eval_loss_after": trainer.evaluate()["eval_loss"]}
+
     output = "adapter" if lora else "model"
-    metrics.update(save_outputs(ctx, trainer, tokenizer, output))
-    return StageResult(output=output, metrics=metrics)
+    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=eval_loss))

@@ -1,4 +1,4 @@
-"""Text for people: the plan as a table, and a run's outcome per stage."""
+"""What align prints for people: the plan as a table, and a run's outcome per stage."""
 
 from __future__ import annotations
 

@@ -1,0 +1,64 @@
+"""What the stages will run on, detected once on the driver: the plan carries it to every worker.
+
+Detection imports torch only where an NVIDIA driver is present: on a CPU machine `align validate` and
+`align plan` must not pay torch's import (4 s on 2 cores) to learn there is no GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from align.errors import AlignError
+from align.memory import parse_memory
+
+DEFAULT_DEVICE_MEMORY = "80GB"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Accelerator or not, memory per device, and whether it computes in bf16."""
+
+    accelerator: bool
+    device_memory: int
+    bf16: bool = False
+
+    @classmethod
+    def detect(cls, device_memory: str | None = None, *, planning: bool = False) -> Hardware:
+        """The local machine, with `--device-memory` overriding what is detected.
+
+        When only planning, a device memory given on a machine without GPUs means "plan for GPUs
+        of this size" (bf16), so a CPU laptop can plan the 8B run it will submit elsewhere.
+        """
+        memory = None
+        if device_memory is not None:
+            try:
+                memory = parse_memory(device_memory)
+            except ValueError as err:
+                raise AlignError(f"device memory: {err}") from None
+        gpu_memory, gpu_bf16 = local_gpu()
+        real_gpu = gpu_memory is not None
+        gpu = real_gpu or (planning and device_memory is not None)
+        bf16 = gpu and (gpu_bf16 if real_gpu else True)
+        memory = memory or gpu_memory or parse_memory(DEFAULT_DEVICE_MEMORY)
+        return cls(accelerator=gpu, device_memory=memory, bf16=bf16)
+
+
+def nvidia_driver_present() -> bool:
+    """Cheap: a CUDA device can only exist where the driver library or its /proc entry does."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return False
+    return Path("/proc/driver/nvidia").exists() or ctypes.util.find_library("cuda") is not None
+
+
+def local_gpu() -> tuple[int | None, bool]:
+    """(memory of GPU 0, bf16 support), or (None, False) without a usable CUDA device."""
+    if not nvidia_driver_present():
+        return None, False
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, False
+    return torch.cuda.get_device_properties(0).total_memory, torch.cuda.is_bf16_supported()

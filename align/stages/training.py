@@ -1,0 +1,127 @@
+"""The one skeleton every training runner shares: verify, measure, train, measure, save, record.
+
+A runner builds its trainer and says what is its own (`Training`): its held-out measurement, the
+curves its log holds, how its output is saved. `train_stage` does the rest, in the same order for
+every kind, so a new kind is a table row, its spec and a short runner.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from align.stages.context import StageContext, StageResult
+
+
+def no_measure(phase: str) -> dict[str, float]:
+    return {}
+
+
+@dataclass
+class Training:
+    """What a runner built, and what is its own.
+
+    held_out(phase): metrics for "before" or "after" training, named as recorded (`suffixed` helps);
+        every rank calls it, since a sharded model's forward is a collective.
+    curves: (log key, name) pairs whose first and last logged values become `train_<name>_first/last`.
+    save(folder): writes the output on every rank; default `trainer.save_model`.
+    model: what the backend verifies and whose trainable parameters must move; default `trainer.model`.
+    """
+
+    trainer: Any
+    tokenizer: Any
+    output: str  # "adapter" or "model": the folder the next stage reads
+    held_out: Callable[[str], dict[str, float]] = no_measure
+    curves: tuple[tuple[str, str], ...] = (("loss", "loss"),)
+    save: Callable[[Path], None] | None = None
+    model: Any = None
+
+
+def train_stage(ctx: StageContext, training: Training) -> StageResult:
+    """Verify the backend, measure held out, train, measure again, save output and tokenizer, and record
+    the curves, the step time and the share of trainable parameters that moved."""
+    trainer = training.trainer
+    model = training.model if training.model is not None else trainer.model
+    ctx.backend.verify(model, ctx.plan)
+    metrics = dict(training.held_out("before"))
+    before = trainable_checksums(model)
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    metrics.update(training.held_out("after"))
+    metrics["trainable_changed"] = changed_share(model, before)
+    metrics.update(step_seconds(trainer))
+    folder = ctx.output_dir / training.output
+    if training.save is not None:
+        training.save(folder)
+    else:
+        trainer.save_model(str(folder))  # every rank: a sharded model gathers collectively
+    if ctx.is_main:
+        training.tokenizer.save_pretrained(str(folder))
+        history = write_log_history(trainer, ctx.output_dir)
+        for key, name in training.curves:
+            metrics.update(curve_ends(history, key, name))
+    return StageResult(output=training.output, metrics=metrics)
+
+
+def suffixed(metrics: dict[str, float], phase: str) -> dict[str, float]:
+    """`{"accuracy": x}` measured "before" -> `{"accuracy_before": x}`."""
+    return {f"{key}_{phase}": value for key, value in metrics.items()}
+
+
+def local_tensor(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: its shard under FSDP2, else the parameter itself."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+@torch.no_grad()
+def trainable_checksums(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Sum and sum of squares of this rank's part of each trainable parameter, in fp64: two numbers per
+    tensor say whether training moved it, without a copy of the weights."""
+    sums = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            values = local_tensor(param).detach().double()
+            sums[name] = torch.stack([values.sum(), values.square().sum()]).cpu()
+    return sums
+
+
+def changed_share(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> float:
+    """Share of the trainable parameters that training changed on any rank (every rank must call it)."""
+    after = trainable_checksums(model)
+    flags = torch.tensor([float(not torch.equal(after[name], sums)) for name, sums in before.items()])
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    return float(flags.mean()) if len(flags) else 0.0
+
+
+def step_seconds(trainer: Any) -> dict[str, float]:
+    """Mean wall time per optimizer step of the run just trained."""
+    runtime = next(
+        (entry["train_runtime"] for entry in trainer.state.log_history if "train_runtime" in entry), None
+    )
+    steps = trainer.state.global_step
+    return {"seconds_per_step": runtime / steps} if runtime and steps else {}
+
+
+def write_log_history(trainer: Any, output_dir: Path) -> list[dict[str, Any]]:
+    """Every logged step to logs/metrics.jsonl, so a run's curve survives beside its outputs."""
+    history = trainer.state.log_history
+    logs = output_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "metrics.jsonl", "w") as out:
+        for entry in history:
+            out.write(json.dumps(entry) + "\n")
+    return history
+
+
+def curve_ends(history: list[dict[str, Any]], key: str, name: str) -> dict[str, float]:
+    """First and last logged value of `key` as `train_<name>_first/last`: the two numbers that say
+    whether training worked."""
+    values = [entry[key] for entry in history if key in entry]
+    if not values:
+        return {}
+    return {f"train_{name}_first": float(values[0]), f"train_{name}_last": float(values[-1])}

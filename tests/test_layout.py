@@ -1,0 +1,122 @@
+"""The shape of the package: no import cycles, stages never reach into the driver, only `run/` uses Ray,
+and validating or planning a pipeline imports neither torch nor TRL (that is what keeps them fast)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "align"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def type_checking_lines(tree: ast.Module) -> set[int]:
+    """Lines under `if TYPE_CHECKING:`: annotations only, never imported at run time."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports(name: str) -> set[str]:
+    """Every align module `name` imports, at module level or inside a function (a lazy import is still a
+    dependency), resolved to modules: `from align.backends import fsdp` is align.backends.fsdp."""
+    tree = ast.parse(MODULES[name].read_text())
+    skipped = type_checking_lines(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("align")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("align"):
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in MODULES else node.module)
+    return {module for module in found if module in MODULES and module != name}
+
+
+GRAPH = {name: imports(name) for name in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                return stack[stack.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_passes_a_tree() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_align_has_no_import_cycles() -> None:
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_stages_never_import_the_driver() -> None:
+    offenders = {
+        name: sorted(target for target in targets if target.startswith("align.run"))
+        for name, targets in GRAPH.items()
+        if name.startswith(("align.stages", "align.backends", "align.trainers"))
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_only_the_driver_imports_ray() -> None:
+    users = sorted(
+        name
+        for name, path in MODULES.items()
+        if "import ray" in path.read_text() or "from ray" in path.read_text()
+    )
+    assert all(name.startswith("align.run") for name in users), users
+
+
+def test_validate_and_plan_import_neither_torch_nor_trl(tmp_path: Path) -> None:
+    """Validating and planning a pipeline (its `trl:` blocks checked once before) stays free of the heavy
+    libraries; the first check of a new block imports TRL and caches its verdict."""
+    code = (
+        "import sys; from align.cli import main\n"
+        "assert main(['validate', 'pipelines/tiny_sft_rm_ppo.yaml']) == 0\n"
+        "assert main(['plan', 'pipelines/ppo_llama3.yaml']) == 0\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'trl', 'datasets', 'ray') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    env = {"ALIGN_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    for attempt in ("cold", "warm"):
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        heavy = done.stdout.strip().splitlines()[-1]
+        if attempt == "warm":
+            assert heavy == "HEAVY []", heavy
