@@ -51,15 +51,16 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
     return problems
 
 
-def cross_check(pipeline: Pipeline) -> list[Problem]:
-    """Every problem that spans keys: references and their order, models, data."""
+def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]]:
+    """The reference graph (built here, once, and kept on the pipeline), and every problem that spans
+    keys: references and their order, models, data, rewards."""
     edges, problems = references(pipeline.stages)
     if not problems:
         problems += order(edges)[1]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
     problems += reward_problems(pipeline)
-    return problems
+    return edges, problems
 
 
 def reward_problems(pipeline: Pipeline) -> list[Problem]:

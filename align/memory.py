@@ -160,13 +160,6 @@ class MemoryEstimate:
         return [*rows[:4], states, rows[4], *frozen, rows[5], ("total", self.device.total, self.host.total)]
 
 
-def dpo_reference(model: Architecture | int, *, lora_rank: int | None, dtype: str) -> tuple[FrozenModel, ...]:
-    """The DPO reference: none under LoRA (the base with adapters disabled), else a frozen copy."""
-    if lora_rank is not None:
-        return ()
-    return (FrozenModel("reference", _param_count(model), dtype),)
-
-
 def estimate(
     model: Architecture | int,
     workload: Workload,

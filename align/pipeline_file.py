@@ -129,10 +129,10 @@ def parse(raw: dict[str, Any]) -> Pipeline:
     if header is None or problems:
         raise ConfigError(problems)
     pipeline = Pipeline(**{**header.model_dump(exclude={"stages"}), "stages": stages})
-    problems = cross_check(pipeline)
+    edges, problems = cross_check(pipeline)
     if problems:
         raise ConfigError(problems)
-    return pipeline
+    return pipeline.model_copy(update={"edges": edges})
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:

@@ -67,9 +67,10 @@ def policy_placement(backend: Backend, lora: bool, quantize_4bit: bool) -> str:
 def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False) -> Placement:
     """The placement of every model a stage uses under one backend.
 
-    `precompute` (DPO only): the full-parameter reference is replaced by log-probs computed from the
-    policy before its first step (when it still is the reference), so no copy is kept during training.
-    PPO, GRPO and RLOO need the reference on each rollout's new completions, so theirs stays.
+    `precompute` (offline preference kinds: DPO, KTO): the full-parameter reference is replaced by log-probs
+    computed from the policy before its first step (when it still is the reference), so no copy is kept
+    during training. Online RL (data kind `prompts`) needs the reference on each rollout's new
+    completions, so theirs stays.
     """
     lora = isinstance(stage, TrainingStage) and stage.lora is not None
     policy = policy_placement(backend, lora, lora and stage.lora.load_in_4bit)
@@ -77,7 +78,7 @@ def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False)
     reference = REFERENCE_NONE
     if uses_reference(stage):
         reference, description["reference"] = reference_placement(
-            backend, lora, precompute and stage.kind in ("dpo", "kto")
+            backend, lora, precompute and KINDS[stage.kind].data != "prompts"
         )
     reward_models = REWARD_MODELS_NONE
     if isinstance(stage, RewardedStage):

@@ -313,7 +313,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
     """The plan for every stage, in dependency order; every refusal of every stage at once."""
     hardware = hardware or Hardware.detect(pipeline.defaults.device_memory)
-    edges, _ = references(pipeline.stages)
+    edges = pipeline.edges or references(pipeline.stages)[0]  # a Pipeline built in code has none yet
     names, _ = order(edges)
     stages, problems = {}, []
     for name in names:

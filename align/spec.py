@@ -226,6 +226,8 @@ class Pipeline(Strict):
     allow_custom_code: bool = False
     defaults: Defaults = Defaults()
     stages: dict[str, SerializeAsAny[StageBase]]
+    edges: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
+    """Each stage's upstream stages, from its `${stages.X.output}` references: set by the file's checks."""
 
     def stage_model(self, name: str) -> str:
         """The model a stage starts from: its own `model:` or the pipeline's base model."""

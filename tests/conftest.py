@@ -10,12 +10,21 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+SLOW_SUITES = {"test_equivalence", "test_zero2", "test_fsdp", "test_ppo", "test_submit", "test_models"}
+"""The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
+submit test and the smollm2 conversion: their integration tests are `slow`, outside `make test` and run
+by `make test-slow` (CI runs both). Their unit tests stay in `make test`."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA devices; without them they skip with the reason, never fail."""
+    """`gpu` tests need CUDA devices; without them they skip with the reason, never fail. The integration
+    tests of SLOW_SUITES are marked `slow`."""
     import torch
 
     count = torch.cuda.device_count()
     for item in items:
+        if item.get_closest_marker("integration") and item.module.__name__.split(".")[-1] in SLOW_SUITES:
+            item.add_marker(pytest.mark.slow)
         marker = item.get_closest_marker("gpu")
         needed = marker.kwargs.get("devices", 1) if marker else 0
         if marker and count < needed:

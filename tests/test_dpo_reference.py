@@ -15,3 +15,5 @@ def test_precomputed_reference_runs_without_a_copy(tmp_path):
     assert record["status"] == "succeeded"
     metrics = record["metrics"]
     assert metrics["train_loss_last"] < metrics["train_loss_first"]
+    assert metrics["reference_copy_loaded"] == 0.0  # the trainer holds no second model
+    assert metrics["trainable_changed"] == 1.0

@@ -14,7 +14,6 @@ from align.memory import (
     FrozenModel,
     StateBytes,
     Workload,
-    dpo_reference,
     estimate,
     format_bytes,
     parse_memory,
@@ -201,12 +200,10 @@ def test_nf4_bytes_per_weight_match_bitsandbytes() -> None:
     assert packed == 176 * 64 * NF4_BYTES_PER_WEIGHT
 
 
-def test_dpo_reference_costs_nothing_under_lora_and_follows_the_policy_otherwise() -> None:
-    lora = Workload(lora_rank=8, frozen_models=dpo_reference(PSI, lora_rank=8, dtype="bf16"))
-    full = Workload(frozen_models=dpo_reference(PSI, lora_rank=None, dtype="bf16"))
+def test_a_frozen_copy_is_replicated_under_zero2_sharded_under_fsdp_and_free_on_the_host() -> None:
+    full = Workload(frozen_models=(FrozenModel("reference", PSI, "bf16"),))
     on_cpu = Workload(frozen_models=(FrozenModel("reward", PSI, placement="cpu"),))
 
-    assert lora.frozen_models == ()
     assert estimate(PSI, full, backend="zero2", world_size=8).device.frozen == 2 * PSI
     assert estimate(PSI, full, backend="fsdp", world_size=8).device.frozen == 2 * PSI // 8
     cpu_plan = estimate(PSI, on_cpu, backend="fsdp", world_size=8)

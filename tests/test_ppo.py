@@ -85,8 +85,10 @@ def test_ppo_trains_every_parameter_on_two_ranks(ppo_runs, name: str) -> None:
     metrics = record["metrics"]
     # policy (adapters or weights), the critic's adapter and its value head: every one moved
     assert metrics["trainable_changed"] == 1.0
-    assert metrics["train_reward_first"] != metrics["train_reward_last"]
-    assert 0 <= metrics["train_kl_last"] < 10
+    # the policy moved away from its reference, and not so far that the KL penalty lost hold of it
+    assert 1e-3 < metrics["train_kl_last"] < 10
+    # LoRA: the reference is the base with adapters off; full parameters: a frozen copy (sharded)
+    assert metrics["reference_copy_loaded"] == (0.0 if name != "fsdp_full" else 1.0)
     reports = placement_reports(path, name)
     assert [report["rank"] for report in reports] == [0, 1]
 

@@ -44,7 +44,8 @@ class Training:
 
 def train_stage(ctx: StageContext, training: Training) -> StageResult:
     """Verify the backend, measure held out, train, measure again, save output and tokenizer, and record
-    the curves, the step time and the share of trainable parameters that moved."""
+    the curves, the step time, the share of trainable parameters that moved and whether a reference copy
+    was loaded."""
     trainer = training.trainer
     model = training.model if training.model is not None else trainer.model
     ctx.backend.verify(model, ctx.plan)
@@ -53,6 +54,8 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
     metrics.update(training.held_out("after"))
     metrics["trainable_changed"] = changed_share(model, before)
+    # proof of the placement: 1 when the trainer holds a separate frozen reference model
+    metrics["reference_copy_loaded"] = float(getattr(trainer, "ref_model", None) is not None)
     metrics.update(step_seconds(trainer))
     folder = ctx.output_dir / training.output
     if training.save is not None:

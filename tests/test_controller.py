@@ -1,0 +1,147 @@
+"""The driver without Ray: `run_plan` with a fake launcher that writes what a stage would.
+
+Covers what the e2e runs cover slowly: inputs resolved from upstream records (reward models included),
+fingerprints that skip what is up to date and rerun what changed, `--stage`/`--force`, atomic publish,
+and a failed stage kept aside with its record.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from align.errors import AlignError, StageFailed
+from align.hardware import Hardware
+from align.pipeline_file import load
+from align.plan import ModelInput, build
+from align.run import records
+from align.run.controller import run_plan
+
+CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
+PREFS = {"prompt": "Hi", "chosen": "Hello!", "rejected": "No comment."}
+
+
+class FakeLauncher:
+    """Writes `adapter/` or `model/` as the stage's kind would, and remembers what each stage was given."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.calls: list[str] = []
+        self.inputs: dict[str, object] = {}
+        self.fail = fail
+
+    def __call__(self, plan, stage, scratch: Path) -> dict:
+        self.calls.append(stage.name)
+        self.inputs[stage.name] = stage.inputs
+        output = "adapter" if getattr(stage.stage, "lora", None) else "model"
+        (scratch / output).mkdir()
+        (scratch / output / "weights.bin").write_text(stage.name)
+        if stage.name == self.fail:
+            raise StageFailed(f"stage '{stage.name}' failed: boom")
+        (scratch / ".result.json").write_text(json.dumps({"output": output, "metrics": {"loss": 1.0}}))
+        return {"output": output, "metrics": {"loss": 1.0}}
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Path:
+    """sft (LoRA) -> dpo -> merge, and a reward model read by a ppo stage, on a local base folder."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (tmp_path / "sft.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    (tmp_path / "prefs.jsonl").write_text(json.dumps(PREFS) + "\n")
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "Hi"}) + "\n")
+    body = {
+        "name": "fake",
+        "base_model": str(base),
+        "defaults": {"output_root": str(tmp_path / "runs")},
+        "stages": {
+            "sft": {"kind": "sft", "data": {"train": str(tmp_path / "sft.jsonl")}, "lora": {"r": 4}},
+            "dpo": {
+                "kind": "dpo",
+                "model": "${stages.sft.output}",
+                "data": {"train": str(tmp_path / "prefs.jsonl")},
+                "lora": {"r": 4},
+            },
+            "merge": {"kind": "merge", "model": "${stages.dpo.output}"},
+            "rm": {"kind": "reward", "data": {"train": str(tmp_path / "prefs.jsonl")}},
+            "ppo": {
+                "kind": "ppo",
+                "data": {"train": str(tmp_path / "prompts.jsonl")},
+                "rewards": [{"model": "${stages.rm.output}"}, {"function": "length"}],
+            },
+        },
+    }
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def run(path: Path, launcher: FakeLauncher, **options) -> dict[str, str]:
+    outcomes = run_plan(build(load(path), CPU), launch=launcher, **options)
+    return {outcome.stage: outcome.status for outcome in outcomes}
+
+
+def folder(path: Path, stage: str) -> Path:
+    return path.parent / "runs" / "fake" / stage
+
+
+def test_each_stage_reads_its_upstream_outputs_and_records_them(pipeline: Path) -> None:
+    launcher = FakeLauncher()
+    assert run(pipeline, launcher) == dict.fromkeys(["sft", "dpo", "merge", "rm", "ppo"], "ran")
+    assert launcher.calls == ["sft", "dpo", "merge", "rm", "ppo"]
+    base = str(pipeline.parent / "base")
+    sft_adapter = str(folder(pipeline, "sft") / "adapter")
+    dpo_adapter = str(folder(pipeline, "dpo") / "adapter")
+    assert launcher.inputs["dpo"].model == ModelInput(base, (sft_adapter,))
+    assert launcher.inputs["merge"].model == ModelInput(base, (sft_adapter, dpo_adapter))
+    assert launcher.inputs["ppo"].reward_models == {0: str(folder(pipeline, "rm") / "model")}
+    record = records.read_record(folder(pipeline, "merge"))
+    assert record["status"] == "succeeded" and record["resolved"]["adapters"] == [sft_adapter, dpo_adapter]
+    assert (folder(pipeline, "dpo") / "adapter" / "weights.bin").read_text() == "dpo"
+
+
+def test_a_rerun_skips_everything_and_changed_data_reruns_the_stage_and_its_dependents(
+    pipeline: Path,
+) -> None:
+    run(pipeline, FakeLauncher())
+    again = FakeLauncher()
+    assert set(run(pipeline, again).values()) == {"skipped"} and again.calls == []
+    (pipeline.parent / "sft.jsonl").write_text(json.dumps({"text": "hello again"}) + "\n")
+    changed = FakeLauncher()
+    run(pipeline, changed)
+    assert changed.calls == ["sft", "dpo", "merge"]
+    assert not list(folder(pipeline, "sft").parent.glob(".sft.old-*"))  # the replaced folder is gone
+
+
+def test_a_changed_setting_changes_the_fingerprint(pipeline: Path) -> None:
+    run(pipeline, FakeLauncher())
+    text = pipeline.read_text().replace("r: 4", "r: 8", 1)  # the sft stage's LoRA rank
+    pipeline.write_text(text)
+    changed = FakeLauncher()
+    run(pipeline, changed)
+    assert changed.calls == ["sft", "dpo", "merge"]
+
+
+def test_stage_selects_what_it_needs_and_force_reruns_downstream_only(pipeline: Path) -> None:
+    launcher = FakeLauncher()
+    assert run(pipeline, launcher, only=["dpo"]) == {"sft": "ran", "dpo": "ran"}
+    forced = FakeLauncher()
+    run(pipeline, forced, force=["dpo"])
+    assert forced.calls == ["dpo", "merge", "rm", "ppo"]  # rm and ppo had never run
+    with pytest.raises(AlignError, match="unknown stage 'nope'; stages: sft, dpo, merge, rm, ppo"):
+        run(pipeline, FakeLauncher(), only=["nope"])
+
+
+def test_a_failed_stage_is_kept_aside_with_its_record_and_nothing_is_published(pipeline: Path) -> None:
+    with pytest.raises(StageFailed, match=r"partial outputs kept in .*\.dpo\.failed-"):
+        run(pipeline, FakeLauncher(fail="dpo"))
+    assert not folder(pipeline, "dpo").exists()
+    kept = list(folder(pipeline, "dpo").parent.glob(".dpo.failed-*"))
+    assert len(kept) == 1 and (kept[0] / "adapter" / "weights.bin").is_file()
+    record = json.loads((kept[0] / records.RECORD).read_text())
+    assert record["status"] == "failed" and "boom" in record["error"]
+    resumed = FakeLauncher()
+    run(pipeline, resumed)
+    assert resumed.calls == ["dpo", "merge", "rm", "ppo"]  # sft was published and is reused

@@ -1,0 +1,59 @@
+"""The SFT runner in this process (no Ray): its first six fp32 losses on the tiny model are pinned, as
+torchtune pins its recipes, so any change to what a stage computes shows up here first."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from align.hardware import Hardware
+from align.pipeline_file import load
+from align.plan import build
+from align.run.controller import resolve_inputs
+from align.stages import runner_for
+from align.stages.context import StageContext
+
+PINNED = [7.641739, 7.515624, 7.464664, 7.395248, 7.392408, 7.334731]
+CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
+
+
+def sft_losses(folder: Path) -> list[float]:
+    """Six logged steps of full-parameter SFT: batch 8, lr 1e-3, fp32, seed 0, one process."""
+    body = {
+        "name": "pinned",
+        "base_model": "tiny",
+        "defaults": {"output_root": str(folder), "precision": "fp32", "seed": 0, "backend": "ddp"},
+        "stages": {
+            "sft": {
+                "kind": "sft",
+                "data": {"train": "align:chatterbot/sft/train", "max_train_rows": 64},
+                "trl": {
+                    "max_steps": 6,
+                    "logging_steps": 1,
+                    "per_device_train_batch_size": 8,
+                    "learning_rate": 1e-3,
+                    "max_length": 64,
+                    "save_strategy": "no",
+                    "report_to": "none",
+                },
+            }
+        },
+    }
+    path = folder / "pinned.yaml"
+    path.write_text(yaml.safe_dump(body))
+    plan = build(load(path), CPU).stages["sft"]
+    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
+    runner_for("sft").run(StageContext(plan=plan, output_dir=folder / "out"))
+    lines = (folder / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
+    return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
+
+
+@pytest.mark.integration
+def test_the_first_six_fp32_sft_losses_are_pinned(tmp_path: Path) -> None:
+    losses = sft_losses(tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(PINNED), rtol=1e-4, atol=1e-4)
