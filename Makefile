@@ -71,7 +71,11 @@ clean:
 
 # Memory plan vs measured model states per backend, then PPO step time per backend (about 8 min on
 # 2 cores); see bench/README.md.
-.PHONY: bench
-bench: $(SETUP)
+.PHONY: bench bench-cli
+bench: $(SETUP) bench-cli
 	$(OFFLINE) $(PY) bench/memory.py
 	$(OFFLINE) $(PY) bench/ppo.py
+
+# validate/plan wall time, warm and cold, against a bare interpreter and `import torch` (about 1 min)
+bench-cli: $(SETUP)
+	$(OFFLINE) $(PY) bench/cli.py
