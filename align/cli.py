@@ -6,6 +6,7 @@ User errors exit 2 with one readable message and no traceback; a stage that cras
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -169,6 +170,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # bitsandbytes warns on import that an optional hub kernel is missing; its CPU fallback is used
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     args = parser().parse_args(argv)
     try:
         return args.handler(args)

@@ -22,6 +22,7 @@ def quiet_libraries() -> None:
     datasets.logging.set_verbosity_error()
     transformers.logging.set_verbosity_warning()
     logging.getLogger("deepspeed").setLevel(logging.WARNING)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # a missing optional hub kernel: harmless
 
 
 def train_loop(config: dict[str, Any]) -> None:
