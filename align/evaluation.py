@@ -52,3 +52,26 @@ def preference_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 2
         "preference_accuracy": sum(m > 0 for m in margins) / len(margins),
         "preference_margin": sum(margins) / len(margins),
     }
+
+
+@torch.no_grad()
+def label_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 256) -> dict[str, float]:
+    """Held-out judgement on unpaired feedback (prompt, completion, label): the mean summed log-probability
+    of the desirable completions (label true) minus that of the undesirable ones. Like preference accuracy
+    it needs no reference model; it is defined only when the rows hold both labels."""
+    was_training = model.training
+    model.eval()
+    logprobs: dict[bool, list[float]] = {True: [], False: []}
+    for row in rows:
+        prompt = as_messages(row.get("prompt", []), "user")
+        reply = as_messages(row["completion"], "assistant")
+        logprobs[bool(row["label"])].append(completion_logprob(model, tokenizer, prompt, reply, max_length))
+    model.train(was_training)
+    if not logprobs[True] or not logprobs[False]:
+        raise ValueError(
+            f"label_margin needs desirable and undesirable rows; got {len(logprobs[True])} desirable and "
+            f"{len(logprobs[False])} undesirable"
+        )
+    desirable = sum(logprobs[True]) / len(logprobs[True])
+    undesirable = sum(logprobs[False]) / len(logprobs[False])
+    return {"label_margin": desirable - undesirable}

@@ -113,6 +113,20 @@ class KTOStage(TrainingStage):
 
     kind: Literal["kto"]
 
+    @field_validator("trl")
+    @classmethod
+    def batch_holds_a_kl_estimate(cls, trl: dict[str, Any]) -> dict[str, Any]:
+        """KTO estimates its KL term from the other completions of each device's batch (all its losses but
+        `apo_zero_unpaired`), so a batch of 1 cannot train; refused here, not minutes into the run."""
+        batch = trl.get("per_device_train_batch_size")
+        if str(batch).isdigit() and int(batch) < 2 and trl.get("loss_type") != "apo_zero_unpaired":
+            raise ValueError(
+                "per_device_train_batch_size must be at least 2: KTO estimates its KL term from the other "
+                "completions of each device's batch; raise it, lowering gradient_accumulation_steps to keep "
+                "the effective batch"
+            )
+        return trl
+
 
 class RewardStage(TrainingStage):
     """A reward model: a one-label sequence-classification head trained on preference pairs."""
