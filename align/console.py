@@ -14,6 +14,8 @@ SHOWN_METRICS = (
     "preference_accuracy_after",
     "preference_margin_before",
     "preference_margin_after",
+    "label_margin_before",
+    "label_margin_after",
     "merge_max_abs_logit_delta",
     "pairwise_accuracy_before",
     "pairwise_accuracy_after",
