@@ -149,7 +149,7 @@ def workload(
         critic = arch.hidden_size + 1  # the value head, hidden -> 1 with a bias
     if placement.value == VALUE_ADAPTER:
         critic += arch.lora_param_count(lora.r, targets)
-    batch = trl_setting(stage.kind, trl, "per_device_train_batch_size") if trl is not None else 8
+    batch = trl_setting(stage.kind, trl, "per_device_train_batch_size")
     checkpointing = trl.get("activation_checkpointing") or trl_setting(
         stage.kind, trl, "gradient_checkpointing"
     )
@@ -260,14 +260,11 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
 
     requested = pipeline.stage_setting(name, "backend")
     if requested == "auto":
-        draft = (
-            workload(stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards)
-            if arch
-            else None
-        )
         what = (
-            describe_workload(arch, draft)
-            if draft
+            describe_workload(
+                arch, workload(stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards)
+            )
+            if arch
             else ("LoRA" if getattr(stage, "lora", None) else "full parameters")
         )
 
