@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field, ValidationError
 
+from align.backends import BACKENDS
 from align.checks import cross_check
 from align.errors import ConfigError, Problem
 from align.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, Strict
@@ -126,6 +127,7 @@ def parse(raw: dict[str, Any]) -> Pipeline:
         if stage is not None:
             stages[str(name)] = stage
             problems += trl_problems(stage.kind, getattr(stage, "trl", {}), f"stages.{name}.trl")
+    problems += backend_problems(header, stages)
     if header is None or problems:
         raise ConfigError(problems)
     pipeline = Pipeline(**{**header.model_dump(exclude={"stages"}), "stages": stages})
@@ -133,6 +135,18 @@ def parse(raw: dict[str, Any]) -> Pipeline:
     if problems:
         raise ConfigError(problems)
     return pipeline.model_copy(update={"edges": edges})
+
+
+def backend_problems(header: Header | None, stages: dict[str, StageBase]) -> list[Problem]:
+    """Every `backend:` names `auto` or a backend of the registry (align/backends/__init__.py)."""
+    named = [] if header is None else [("defaults.backend", header.defaults.backend)]
+    named += [(f"stages.{name}.backend", stage.backend) for name, stage in stages.items() if stage.backend]
+    allowed = ("auto", *BACKENDS)
+    return [
+        Problem(path, f"{value!r} is not a backend; use one of: {', '.join(allowed)}")
+        for path, value in named
+        if value not in allowed
+    ]
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:

@@ -11,7 +11,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator
 
-from align.backends import BACKENDS
 from align.cache import user_path
 from align.rewards import RewardSpec
 
@@ -73,23 +72,11 @@ class StageBase(Strict):
     """What every stage kind shares: its input model, where it runs, and on how many workers."""
 
     model: str | None = None  # default: the pipeline's base_model
-    backend: str | None = None
+    backend: str | None = None  # auto or a registered backend (checked by align.pipeline_file)
     workers: Annotated[int, Field(gt=0)] | None = None
     precision: Literal["auto", "fp32", "bf16", "fp16"] | None = None
     zero2: Zero2Spec = Zero2Spec()
     fsdp: FSDPSpec = FSDPSpec()
-
-    @field_validator("backend")
-    @classmethod
-    def known_backend(cls, value: str | None) -> str | None:
-        return None if value is None else backend_name(value)
-
-
-def backend_name(value: str) -> str:
-    """`auto` or a registered backend, else a message that lists them."""
-    if value != "auto" and value not in BACKENDS:
-        raise ValueError(f"{value!r} is not a backend; use one of: auto, {', '.join(BACKENDS)}")
-    return value
 
 
 class TrainingStage(StageBase):
@@ -219,17 +206,12 @@ KINDS: dict[str, StageKind] = {
 class Defaults(Strict):
     """Pipeline-wide settings that a stage may override."""
 
-    backend: str = "auto"
+    backend: str = "auto"  # or a registered backend (checked by align.pipeline_file)
     workers: Annotated[int, Field(gt=0)] = 1
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     output_root: str = "runs"
     seed: int = 0
     device_memory: str | None = None  # e.g. "80GB"; detected when absent
-
-    @field_validator("backend")
-    @classmethod
-    def known_backend(cls, value: str) -> str:
-        return backend_name(value)
 
 
 class Pipeline(Strict):

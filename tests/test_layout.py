@@ -19,25 +19,12 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
 
 
-def type_checking_lines(tree: ast.Module) -> set[int]:
-    """Lines under `if TYPE_CHECKING:`: annotations only, never imported at run time."""
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
-
-
 def imports(name: str) -> set[str]:
-    """Every align module `name` imports, at module level or inside a function (a lazy import is still a
-    dependency), resolved to modules: `from align.backends import fsdp` is align.backends.fsdp."""
-    tree = ast.parse(MODULES[name].read_text())
-    skipped = type_checking_lines(tree)
+    """Every align module `name` imports, at module level, inside a function or for type checking only (a
+    lazy or annotation-only import is still a dependency), resolved to modules: `from align.backends
+    import fsdp` is align.backends.fsdp."""
     found = set()
-    for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skipped:
-            continue
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("align")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("align"):

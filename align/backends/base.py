@@ -16,8 +16,19 @@ from align.memory import MemoryEstimate, Workload
 
 if TYPE_CHECKING:
     from align.architectures import Architecture
-    from align.plan import StagePlan
     from align.spec import StageBase
+
+
+class PlannedStage(Protocol):
+    """What a backend reads of a stage's plan (`align.plan.StagePlan` has these fields). Named here so that
+    backends need not import the plan, which imports them."""
+
+    name: str
+    stage: StageBase
+    workers: int
+    precision: str
+    accelerator: bool
+    offload_optimizer: bool
 
 
 class Backend(Protocol):
@@ -38,19 +49,19 @@ class Backend(Protocol):
     def option(self, stage: StageBase) -> str:
         """The `estimates` column this backend runs the stage with."""
 
-    def model_kwargs(self, plan: StagePlan) -> dict[str, Any]:
+    def model_kwargs(self, plan: PlannedStage) -> dict[str, Any]:
         """Extra `from_pretrained` arguments."""
 
-    def prepare(self, model: Any, plan: StagePlan) -> Any:
+    def prepare(self, model: Any, plan: PlannedStage) -> Any:
         """Wrapping or sharding after load (and after earlier adapters merge)."""
 
-    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+    def trainer_args(self, plan: PlannedStage) -> dict[str, Any]:
         """Extra `TrainingArguments` fields (e.g. `deepspeed=`)."""
 
-    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+    def callbacks(self, plan: PlannedStage, logs_dir: Path) -> list[Any]:
         """Trainer callbacks: the per-rank placement report, engine checks, checkpoints."""
 
-    def verify(self, model: Any, plan: StagePlan) -> None:
+    def verify(self, model: Any, plan: PlannedStage) -> None:
         """Fail loudly if the backend did not do what it claims (e.g. no sharding)."""
 
 

@@ -13,7 +13,7 @@ from align.memory import Workload, estimate
 
 if TYPE_CHECKING:
     from align.architectures import Architecture
-    from align.plan import StagePlan
+    from align.backends.base import PlannedStage
     from align.spec import StageBase
 
 
@@ -37,20 +37,20 @@ class DDP:
     def option(self, stage: StageBase) -> str:
         return self.name
 
-    def model_kwargs(self, plan: StagePlan) -> dict[str, Any]:
+    def model_kwargs(self, plan: PlannedStage) -> dict[str, Any]:
         return {}
 
-    def prepare(self, model: Any, plan: StagePlan) -> Any:
+    def prepare(self, model: Any, plan: PlannedStage) -> Any:
         return model
 
-    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+    def trainer_args(self, plan: PlannedStage) -> dict[str, Any]:
         """Every parameter is used: DDP need not search for unused ones."""
         return {"ddp_find_unused_parameters": False}
 
-    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+    def callbacks(self, plan: PlannedStage, logs_dir: Path) -> list[Any]:
         from align.backends.sharding_report import ShardingReport
 
         return [ShardingReport(logs_dir)]
 
-    def verify(self, model: Any, plan: StagePlan) -> None:
+    def verify(self, model: Any, plan: PlannedStage) -> None:
         """Nothing is sharded, so there is nothing to prove."""

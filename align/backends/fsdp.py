@@ -24,7 +24,7 @@ from align.memory import Workload, estimate
 
 if TYPE_CHECKING:
     from align.architectures import Architecture
-    from align.plan import StagePlan
+    from align.backends.base import PlannedStage
     from align.spec import StageBase
 
 DCP_FOLDER = "fsdp_state"
@@ -89,11 +89,11 @@ class FSDP:
     def option(self, stage: StageBase) -> str:
         return "fsdp"
 
-    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+    def trainer_args(self, plan: PlannedStage) -> dict[str, Any]:
         """HF's own checkpoints keep the model only: its rank-0 optimizer file cannot hold sharded states."""
         return {"save_only_model": True}
 
-    def model_kwargs(self, plan: StagePlan) -> dict[str, Any]:
+    def model_kwargs(self, plan: PlannedStage) -> dict[str, Any]:
         """Shard at load time: each rank reads only its part of every parameter.
 
         Offload applies with an accelerator only: on a CPU run the shards already live in host memory, and
@@ -108,22 +108,22 @@ class FSDP:
         )
         return {"distributed_config": config}
 
-    def prepare(self, model: Any, plan: StagePlan) -> Any:
-        from align.backends import fsdp_shards
+    def prepare(self, model: Any, plan: PlannedStage) -> Any:
+        from align.backends.fsdp_shards import prepare as shard_and_tune
 
-        return fsdp_shards.prepare(model, plan)
+        return shard_and_tune(model, plan)
 
-    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+    def callbacks(self, plan: PlannedStage, logs_dir: Path) -> list[Any]:
         """The placement report, the report of every sharded model, and the DCP checkpoints."""
         from align.backends.fsdp_shards import ShardedCheckpoint, ShardedModelsReport
         from align.backends.sharding_report import ShardingReport
 
         return [ShardingReport(logs_dir), ShardedModelsReport(logs_dir), ShardedCheckpoint(DCP_FOLDER)]
 
-    def verify(self, model: Any, plan: StagePlan) -> None:
-        from align.backends import fsdp_shards
+    def verify(self, model: Any, plan: PlannedStage) -> None:
+        from align.backends.fsdp_shards import verify as prove_sharded
 
-        fsdp_shards.verify(model, plan)
+        prove_sharded(model, plan)
 
 
 def compute_dtype(stage: StageBase, precision: str) -> str:

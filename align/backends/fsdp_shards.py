@@ -20,7 +20,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from align.backends.sharding_report import global_numel, local_numel
 
 if TYPE_CHECKING:
-    from align.plan import StagePlan
+    from align.backends.base import PlannedStage
 
 # Shard(0) splits a parameter's first dimension in equal chunks but the last, so a rank may hold a little
 # more or less than total / workers; DDP would hold `workers` times as much.
@@ -37,7 +37,7 @@ def decoder_layers(model: torch.nn.Module) -> list[FSDPModule]:
     ]
 
 
-def prepare(model: Any, plan: StagePlan) -> Any:
+def prepare(model: Any, plan: PlannedStage) -> Any:
     """Give the shards their own memory, apply the stage's FSDP settings, then prove the sharding.
 
     Resharding is set on every unit, the root included: transformers keeps the root and the head gathered
@@ -117,7 +117,7 @@ def held_storage_bytes(model: torch.nn.Module) -> tuple[int, int]:
     return sum(storages.values()), total
 
 
-def verify(model: Any, plan: StagePlan) -> None:
+def verify(model: Any, plan: PlannedStage) -> None:
     """Fail loudly unless this rank holds about 1/workers of the parameters, in elements and in bytes.
 
     Elements catch a silent DDP; the bytes of the storages behind the shards catch shards that keep the

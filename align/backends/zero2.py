@@ -17,7 +17,7 @@ from align.memory import Workload, estimate
 
 if TYPE_CHECKING:
     from align.architectures import Architecture
-    from align.plan import StagePlan
+    from align.backends.base import PlannedStage
     from align.spec import StageBase
 
 AUTO_BATCH = {
@@ -49,9 +49,13 @@ class Zero2(DDP):
         return []
 
     def offloads_optimizer(self, stage: StageBase) -> bool:
-        """When asked, and by default for LoRA/QLoRA (a user's JSON says for itself)."""
+        """When asked, and by default for LoRA/QLoRA. A user's JSON says for itself; one that cannot be
+        read offloads nothing here, and `problems` refuses it wherever zero2 would run the stage."""
         if stage.zero2.config:
-            return steps_on_host(user_config(stage.zero2.config, "zero2.config"))
+            try:
+                return steps_on_host(user_config(stage.zero2.config, "zero2.config"))
+            except ConfigError:
+                return False
         setting = stage.zero2.offload_optimizer
         return setting == "cpu" or (setting == "auto" and getattr(stage, "lora", None) is not None)
 
@@ -64,18 +68,18 @@ class Zero2(DDP):
     def option(self, stage: StageBase) -> str:
         return "zero2+offload" if self.offloads_optimizer(stage) else "zero2"
 
-    def trainer_args(self, plan: StagePlan) -> dict[str, Any]:
+    def trainer_args(self, plan: PlannedStage) -> dict[str, Any]:
         """HF Trainer builds the DeepSpeed engine itself from this dict."""
         return {"deepspeed": deepspeed_config(plan)}
 
-    def callbacks(self, plan: StagePlan, logs_dir: Path) -> list[Any]:
+    def callbacks(self, plan: PlannedStage, logs_dir: Path) -> list[Any]:
         """Check the live optimizer is ZeRO's before any step, then record what each rank holds."""
         from align.backends.zero2_check import ZeroOptimizerCheck
 
         return [ZeroOptimizerCheck(plan.offload_optimizer), *super().callbacks(plan, logs_dir)]
 
 
-def deepspeed_config(plan: StagePlan) -> dict[str, Any]:
+def deepspeed_config(plan: PlannedStage) -> dict[str, Any]:
     """The DeepSpeed config for a stage: the user's JSON when `zero2.config` names one, else generated."""
     settings = plan.stage.zero2
     if settings.config:
