@@ -6,7 +6,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,11 @@ class StageContext:
     def model_input(self) -> ModelInput:
         return self.plan.inputs.model
 
+    def with_model(self, model: ModelInput) -> StageContext:
+        """This context reading another input model (a merged folder, a shorter adapter chain)."""
+        inputs = replace(self.plan.inputs, model=model)
+        return replace(self, plan=replace(self.plan, inputs=inputs))
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
@@ -72,12 +77,17 @@ def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch
     if quantize_4bit:
         kwargs["device_map"] = ctx.device_map()
     model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
-    if ctx.model_input.adapters:
+    return ctx.backend.prepare(merge_adapters(model, ctx.model_input.adapters), ctx.plan)
+
+
+def merge_adapters(model: torch.nn.Module, adapters: tuple[str, ...]) -> torch.nn.Module:
+    """`model` with each adapter folder merged into it, in order."""
+    if adapters:
         from peft import PeftModel
 
-        for adapter in ctx.model_input.adapters:
+        for adapter in adapters:
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    return ctx.backend.prepare(model, ctx.plan)
+    return model
 
 
 def frozen_reference(ctx: StageContext) -> torch.nn.Module | None:
@@ -150,11 +160,7 @@ def merged_input(ctx: StageContext) -> Iterator[str]:
     if not ctx.model_input.adapters:
         yield ctx.model_input.base
         return
-    from peft import PeftModel
-
-    model = load_causal_lm(ctx.model_input.base, dtype=ctx.dtype)
-    for adapter in ctx.model_input.adapters:
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    model = merge_adapters(load_causal_lm(ctx.model_input.base, dtype=ctx.dtype), ctx.model_input.adapters)
     with tempfile.TemporaryDirectory(prefix=".merged-input-", dir=ctx.output_dir) as folder:
         model.save_pretrained(folder)
         del model

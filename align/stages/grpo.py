@@ -4,7 +4,6 @@ are shared with PPO (align/stages/rl.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,8 +33,7 @@ def policy_input(ctx: StageContext, beta: float) -> Iterator[StageContext]:
         yield ctx
         return
     with merged_input(ctx) as folder:
-        inputs = dataclasses.replace(ctx.plan.inputs, model=ModelInput(folder))
-        yield dataclasses.replace(ctx, plan=dataclasses.replace(ctx.plan, inputs=inputs))
+        yield ctx.with_model(ModelInput(folder))
 
 
 def run(ctx: StageContext) -> StageResult:

@@ -6,8 +6,6 @@ model's on a few prompts in fp32, and the stage fails if they differ by more tha
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from align.errors import StageFailed
@@ -36,8 +34,7 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     *earlier, last = ctx.model_input.adapters
     tokenizer = stage_tokenizer(ctx)
-    inputs = replace(ctx.plan.inputs, model=ModelInput(ctx.model_input.base, tuple(earlier)))
-    base = load_stage_model(replace(ctx, plan=replace(ctx.plan, inputs=inputs)))
+    base = load_stage_model(ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier))))
     adapted = PeftModel.from_pretrained(base, last)
     before = prompt_logits(adapted, tokenizer, stage.check_prompts)
     merged = adapted.merge_and_unload()
