@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +134,14 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     )
 
 
-def ray_launch(plan: Plan, stage: StagePlan, scratch: Path) -> dict[str, Any]:
-    """Run the stage on `stage.workers` Ray Train workers; return rank 0's result."""
+def ray_launch(plan: Plan, stage: StagePlan, scratch: Path, address: str | None = None) -> dict[str, Any]:
+    """Run the stage on `stage.workers` Ray Train workers; return rank 0's result. Ray is joined (or
+    started) here, so a run whose stages are all up to date never starts it."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    connect(address)
     gpu = plan.hardware.accelerator
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // stage.workers)
     trainer = TorchTrainer(
@@ -155,7 +158,10 @@ def ray_launch(plan: Plan, stage: StagePlan, scratch: Path) -> dict[str, Any]:
     )
     try:
         trainer.fit()
-    except Exception as err:
+    except BaseException as err:
+        disconnect()  # let Ray's own failure logs drain first, so align's message is the last word
+        if not isinstance(err, Exception):
+            raise  # Ctrl-C: the caller keeps the stage aside
         if (scratch / ERROR).exists():
             raise AlignError(json.loads((scratch / ERROR).read_text())["message"]) from None
         raise StageFailed(f"stage '{stage.name}' failed: {err}") from None
@@ -232,7 +238,8 @@ def run_plan(
 ) -> list[Outcome]:
     """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents.
 
-    `launch` runs a stage; by default on Ray Train, connecting to Ray only when a stage must run."""
+    `launch` runs a stage; by default on Ray Train (`ray_launch`)."""
+    launch = launch or partial(ray_launch, address=address)
     wanted, forced = selected_stages(plan, list(only), list(force))
     root = plan.pipeline.defaults.output_root
     folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}
@@ -250,15 +257,8 @@ def run_plan(
             on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
             outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
             continue
-        if launch is None:
-            connect(address)
         on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
-        try:
-            record = run_stage(plan, stage, stamp, folders[name], launch or ray_launch)
-        except BaseException:
-            if launch is None:
-                disconnect()  # let Ray's own failure logs drain first, so align's message is the last word
-            raise
+        record = run_stage(plan, stage, stamp, folders[name], launch)
         seconds = record["ended"] - record["started"]
         on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")
         outcomes.append(Outcome(name, "ran", folders[name], seconds, record["metrics"]))
