@@ -6,7 +6,7 @@ import trl
 from align.architectures import PRESETS
 from align.cli import main
 from align.hardware import Hardware
-from align.memory import format_bytes
+from align.memory import Workload, describe_workload, format_bytes, parse_memory
 from align.models import resolve_model
 from align.pipeline_file import load
 from align.placement import (
@@ -18,7 +18,8 @@ from align.placement import (
     VALUE_ADAPTER,
     VALUE_HEAD,
 )
-from align.plan import build
+from align.plan import build, choose_backend
+from align.spec import SFTStage
 
 GB = 10**9
 
@@ -177,3 +178,66 @@ def test_plan_shows_the_ppo_roles_and_their_bytes(capsys):
     assert "value: its own LoRA adapter" in ppo
     row = next(line for line in ppo.splitlines() if line.strip().startswith("rewards[0]"))
     assert row.split()[1:3] == format_bytes(2 * REWARD_8B).split()
+
+
+# ---- `backend: auto`, one stage at a time: offered backends priced as they would run ------------------
+
+
+def auto_choice(model, workload: Workload, *, world_size: int, device_memory: int) -> tuple[str, str]:
+    """The plan's `auto` choice for a stage that trains `workload` (LoRA when it has a rank)."""
+    lora = {"r": workload.lora_rank, "load_in_4bit": workload.quantize_4bit} if workload.lora_rank else None
+    stage = SFTStage(kind="sft", data={"train": "unused.jsonl"}, lora=lora)
+
+    def price(backend):
+        return backend.estimates(model, workload, world_size, stage)[backend.option(stage)]
+
+    hardware = Hardware(accelerator=True, device_memory=device_memory, bf16=True)
+    what = describe_workload(model, workload)
+    return choose_backend(stage, "stages.sft", world_size, "bf16", hardware, price, what)
+
+
+def test_auto_picks_zero2_for_8b_qlora() -> None:
+    workload = Workload(lora_rank=16, quantize_4bit=True, seq_len=2048, gradient_checkpointing=True)
+
+    backend, reason = auto_choice(
+        PRESETS["llama3-8b"], workload, world_size=1, device_memory=parse_memory("24GB")
+    )
+
+    assert backend == "zero2"
+    assert reason == (
+        "QLoRA r=16 (41.9M trainable) on 8.03B: ZeRO-2 with CPU optimizer offload needs "
+        "9.56 GB/rank <= 21.6 GB usable (90% of 24.0 GB)"
+    )
+
+
+def test_auto_picks_fsdp_for_70b_full_on_8x80gb_and_says_it_does_not_fit() -> None:
+    backend, reason = auto_choice(
+        PRESETS["llama3-70b"], Workload(), world_size=8, device_memory=parse_memory("80GB")
+    )
+
+    assert backend == "fsdp"
+    assert reason.startswith("full-parameter 70.6B on 8 ranks does not fit: ZeRO-2 needs 300 GB/rank; ")
+    assert "FSDP needs 141 GB/rank, 69.1 GB over 72.0 GB usable" in reason
+
+
+@pytest.mark.parametrize(
+    ("model", "world_size", "expected", "needs"),
+    [
+        ("llama3-70b", 64, "fsdp", "FSDP needs 17.6 GB/rank"),
+        ("llama2-13b", 8, "fsdp", "ZeRO-2 fits (55.3 GB/rank) but copies all 26.0 GB of weights"),
+        ("llama3-8b", 8, "zero2", "ZeRO-2 needs 34.1 GB/rank"),
+    ],
+)
+def test_auto_full_parameter(model: str, world_size: int, expected: str, needs: str) -> None:
+    backend, reason = auto_choice(
+        PRESETS[model], Workload(), world_size=world_size, device_memory=parse_memory("80GB")
+    )
+
+    assert (backend, needs in reason) == (expected, True), reason
+
+
+def test_auto_uses_ddp_on_one_rank_when_it_fits() -> None:
+    assert auto_choice(100_000_000, Workload(), world_size=1, device_memory=parse_memory("80GB")) == (
+        "ddp",
+        "full-parameter 100M on 1 rank: DDP needs 1.60 GB/rank <= 72.0 GB usable (90% of 80.0 GB)",
+    )
