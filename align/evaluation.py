@@ -17,19 +17,32 @@ def as_messages(value: Any, role: str) -> list[dict[str, str]]:
     return value if isinstance(value, list) else [{"role": role, "content": value}]
 
 
-def completion_logprob(
-    model: Any, tokenizer: Any, prompt: list[dict], reply: list[dict], max_length: int
-) -> float:
-    """Sum of the reply's token log-probabilities after the chat-formatted prompt."""
-    prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    full_text = tokenizer.apply_chat_template(prompt + reply, tokenize=False)
-    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    full_ids = tokenizer(full_text, add_special_tokens=False)["input_ids"][:max_length]
-    ids = torch.tensor([full_ids], device=model.device)
+def training_text(tokenizer: Any, prompt: Any, reply: Any) -> str:
+    """A prompt and its reply as TRL trains on them: chat-formatted when the reply is conversational (a
+    list of messages), else the plain text prompt + reply + eos (TRL's standard format)."""
+    if isinstance(reply, list):
+        return tokenizer.apply_chat_template(as_messages(prompt or [], "user") + reply, tokenize=False)
+    return (prompt or "") + reply + tokenizer.eos_token
+
+
+def prompt_text(tokenizer: Any, prompt: Any, conversational: bool) -> str:
+    """The prompt alone, as it opens `training_text`."""
+    if conversational:
+        messages = as_messages(prompt or [], "user")
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return prompt or ""
+
+
+def completion_logprob(model: Any, tokenizer: Any, prompt: Any, reply: Any, max_length: int) -> float:
+    """Sum of the reply's token log-probabilities after its prompt, on the text TRL trains on."""
+    head = prompt_text(tokenizer, prompt, conversational=isinstance(reply, list))
+    prompt_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    full_ids = tokenizer(training_text(tokenizer, prompt, reply), add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([full_ids[:max_length]], device=model.device)
     logits = model(input_ids=ids).logits[0, :-1].float()
     targets = ids[0, 1:]
     token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-    return float(token_logprobs[len(prompt_ids) - 1 :].sum())
+    return float(token_logprobs[max(len(prompt_ids) - 1, 0) :].sum())
 
 
 @torch.no_grad()
@@ -39,13 +52,8 @@ def preference_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 2
     model.eval()
     margins = []
     for row in rows:
-        prompt = as_messages(row.get("prompt", []), "user")
-        chosen = completion_logprob(
-            model, tokenizer, prompt, as_messages(row["chosen"], "assistant"), max_length
-        )
-        rejected = completion_logprob(
-            model, tokenizer, prompt, as_messages(row["rejected"], "assistant"), max_length
-        )
+        chosen = completion_logprob(model, tokenizer, row.get("prompt"), row["chosen"], max_length)
+        rejected = completion_logprob(model, tokenizer, row.get("prompt"), row["rejected"], max_length)
         margins.append(chosen - rejected)
     model.train(was_training)
     return {
@@ -63,9 +71,8 @@ def label_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 256) -
     model.eval()
     logprobs: dict[bool, list[float]] = {True: [], False: []}
     for row in rows:
-        prompt = as_messages(row.get("prompt", []), "user")
-        reply = as_messages(row["completion"], "assistant")
-        logprobs[bool(row["label"])].append(completion_logprob(model, tokenizer, prompt, reply, max_length))
+        logprob = completion_logprob(model, tokenizer, row.get("prompt"), row["completion"], max_length)
+        logprobs[bool(row["label"])].append(logprob)
     model.train(was_training)
     if not logprobs[True] or not logprobs[False]:
         raise ValueError(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from align.evaluation import as_messages
+from align.evaluation import training_text
 from align.stages.context import (
     StageContext,
     StageResult,
@@ -40,13 +40,7 @@ def load_reward_model(ctx: StageContext) -> torch.nn.Module:
 
 def pair_texts(row: dict[str, Any], tokenizer: Any) -> tuple[str, str]:
     """Chosen and rejected as the text RewardTrainer scores: chat-formatted, or prompt + reply + eos."""
-    if isinstance(row["chosen"], list):
-        prompt = as_messages(row.get("prompt", []), "user")
-        return tuple(
-            tokenizer.apply_chat_template(prompt + row[key], tokenize=False) for key in ("chosen", "rejected")
-        )
-    prompt = row.get("prompt", "")
-    return tuple(prompt + row[key] + tokenizer.eos_token for key in ("chosen", "rejected"))
+    return tuple(training_text(tokenizer, row.get("prompt"), row[key]) for key in ("chosen", "rejected"))
 
 
 @torch.no_grad()
