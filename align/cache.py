@@ -1,4 +1,5 @@
-"""Where builtin models and data are cached, and how a cache entry is built exactly once.
+"""Where builtin models, data and check verdicts are cached, how a cache entry is built exactly once,
+and what a path a user wrote means (`user_path`).
 
 Kept free of torch so that `align validate` stays quick.
 """
@@ -41,12 +42,25 @@ def build_once(target: Path, builder: Callable[[Path], None]) -> Path:
     return target
 
 
-def user_path(value: str) -> Path:
-    """A path as a user wrote it, `~` expanded where possible (an unknown `~user` stays as written)."""
+def user_path(value: str, base: Path | None = None) -> Path:
+    """The absolute path a user meant by `value`: `~` expanded where possible (an unknown `~user` stays a
+    plain name), and a relative path taken from `base`, the folder it was written for (the working
+    directory when None). `..` is collapsed as written, without following links, so messages show the
+    path the user gave."""
+    path = Path(value)
     try:
-        return Path(value).expanduser()
+        path = path.expanduser()
     except RuntimeError:
-        return Path(value)
+        pass
+    return Path(os.path.abspath(Path(base or os.getcwd()) / path))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a cache entry so that readers see a whole file or none, even with several writers."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(text, encoding="utf-8")
+    os.replace(scratch, path)
 
 
 def is_dir(path: Path) -> bool:

@@ -1,11 +1,14 @@
 """Checks that span more than one key: references, models, data files, and the `trl:` blocks.
 
-They run after every stage has the right shape, so each check can trust the types it reads.
+They run after every stage has the right shape, so each check can trust the types it reads. Paths are
+absolute by now (align.pipeline_file), so no check depends on the directory align runs in.
 """
 
 from __future__ import annotations
 
-from align.data import check_data
+import sys
+
+from align.data_scan import check_data
 from align.errors import Problem
 from align.graph import order, reference_target, references
 from align.models import model_problem
@@ -14,15 +17,17 @@ from align.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, 
 
 
 def model_problems(pipeline: Pipeline) -> list[Problem]:
-    """Each model a stage starts from exists, and a merge stage reads an adapter."""
+    """Each model a stage starts from exists (and runs no code of its own unless the pipeline allows it),
+    and a merge stage reads an adapter."""
     problems = []
-    if (message := model_problem(pipeline.base_model)) is not None:
+    allow = pipeline.allow_custom_code
+    if (message := model_problem(pipeline.base_model, allow_custom_code=allow)) is not None:
         problems.append(Problem("base_model", message))
     for name, stage in pipeline.stages.items():
         value = stage.model
         target = reference_target(value) if value else None
-        malformed = value is not None and "${" in value  # reported by the reference check
-        if value and target is None and not malformed and (message := model_problem(value)) is not None:
+        # a reference names no folder; a malformed one is reported by the reference check
+        if value and "${" not in value and (message := model_problem(value, allow_custom_code=allow)):
             problems.append(Problem(f"stages.{name}.model", message))
         if isinstance(stage, MergeStage) and (target is None or target in pipeline.stages):
             source = pipeline.stages.get(target) if target else None
@@ -38,7 +43,7 @@ def model_problems(pipeline: Pipeline) -> list[Problem]:
 
 
 def data_problems(pipeline: Pipeline) -> list[Problem]:
-    """Each data file exists and has the columns its stage kind needs (reads a row, not the file)."""
+    """Each data file exists and every row of it fits its stage kind (align.data_scan)."""
     problems = []
     for name, stage in pipeline.stages.items():
         if not isinstance(stage, TrainingStage):
@@ -67,6 +72,8 @@ def reward_problems(pipeline: Pipeline) -> list[Problem]:
     """Rewards: shipped functions with fitting args, own code only when opted in, reward models from
     `reward` stages; and a reward stage's LoRA must merge into a plain model."""
     problems = []
+    if pipeline.allow_custom_code:
+        importable_from(pipeline.module_roots())
     for name, stage in pipeline.stages.items():
         where = f"stages.{name}"
         if isinstance(stage, RewardStage) and stage.lora is not None and stage.lora.load_in_4bit:
@@ -91,7 +98,9 @@ def reward_model_problems(pipeline: Pipeline, value: str, path: str) -> list[Pro
     """A reward model is a reward stage's output, or a folder or hub id (its head is checked at run time)."""
     target = reference_target(value)
     if target is None:
-        message = None if "${" in value else model_problem(value)  # malformed: the reference check says so
+        allow = pipeline.allow_custom_code
+        # a malformed reference is reported by the reference check
+        message = None if "${" in value else model_problem(value, allow_custom_code=allow)
         return [] if message is None else [Problem(path, message)]
     source = pipeline.stages.get(target)
     if source is None or isinstance(source, RewardStage):
@@ -103,3 +112,8 @@ def reward_model_problems(pipeline: Pipeline, value: str, path: str) -> list[Pro
             "with `kind: reward`",
         )
     ]
+
+
+def importable_from(roots: list[str]) -> None:
+    """Own reward functions import, when validated, from where the workers will import them."""
+    sys.path.extend(root for root in roots if root not in sys.path)

@@ -1,8 +1,8 @@
 """Datasets for stages, in TRL's standard or conversational formats.
 
 A ref is a builtin (`align:chatterbot/sft/train`), a .jsonl/.json/.parquet file, or a folder written
-by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `check_data` reads only a first row
-or a schema, so `align validate` stays cheap; `load_data` needs no network and no `datasets` cache.
+by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `align.data_scan` checks every row
+before anything loads; `load_data` needs no network and no `datasets` cache.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from align.cache import exists, is_dir, user_path
-from align.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin, builtin_path
+from align.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
 from align.errors import DataError
 from align.fingerprint import file_digest
 
@@ -40,13 +40,28 @@ def resolve_data(ref: str, field: str) -> Path:
         raise DataError(f"{field}: {error}") from None
 
 
+def split_ref(ref: str, base: Path | None = None) -> tuple[Path, str | None]:
+    """The absolute path a file ref names, relative ones taken from `base` (the working directory when
+    None), and its `@split` if it has one; a name with `@` that exists is a plain path."""
+    path = user_path(ref, base)
+    if exists(path) or "@" not in ref:
+        return path, None
+    head, _, split = ref.rpartition("@")
+    return user_path(head, base), split
+
+
+def data_location(ref: str, base: Path) -> str:
+    """A data ref with its path made absolute against `base`; builtins and hub refs unchanged."""
+    if ref.startswith((BUILTIN_PREFIX, HUB_PREFIX)):
+        return ref
+    path, split = split_ref(ref, base)
+    return str(path) if split is None else f"{path}@{split}"
+
+
 def locate(ref: str) -> Path:
     if ref.startswith(BUILTIN_PREFIX):
         return builtin_path(ref)
-    path, split = user_path(ref), None
-    if not exists(path) and "@" in ref:
-        head, _, split = ref.rpartition("@")
-        path = user_path(head)
+    path, split = split_ref(ref)
     if not exists(path):
         raise DataError(f"{ref} does not exist; {FORMATS}")
     if is_dir(path):
@@ -55,7 +70,7 @@ def locate(ref: str) -> Path:
         raise DataError(f"{ref}: a @split suffix only applies to a `datasets` DatasetDict folder")
     if path.suffix not in (".jsonl", ".json", ".parquet"):
         raise DataError(f"{ref} is not a format align reads; {FORMATS}")
-    return path.resolve()
+    return path
 
 
 def dataset_folder(path: Path, split: str | None, ref: str) -> Path:
@@ -79,39 +94,7 @@ def dataset_folder(path: Path, split: str | None, ref: str) -> Path:
         raise DataError(
             f"{ref} is a folder that `datasets` save_to_disk did not write (no state.json); {FORMATS}"
         )
-    return path.resolve()
-
-
-def check_data(ref: str, kind: str, field: str) -> str | None:
-    """What is wrong with `ref` for a `kind` stage, or None; reads only a first row or a schema.
-
-    `field` is taken for symmetry with `load_data` but unused: the caller puts the YAML path in front.
-    """
-    if ref.startswith(HUB_PREFIX):
-        return None if ref[len(HUB_PREFIX) :].strip() else f"{ref}: name the dataset, as hf:org/name@split"
-    try:
-        columns = list(builtin(ref)[1]) if ref.startswith(BUILTIN_PREFIX) else read_columns(locate(ref), ref)
-    except DataError as error:
-        return str(error)
-    return column_problem(ref, columns, kind)
-
-
-def read_columns(path: Path, ref: str) -> list[str]:
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    try:
-        if is_dir(path):
-            return list(json.loads((path / "dataset_info.json").read_text(encoding="utf-8"))["features"])
-        if path.suffix == ".parquet":
-            return pq.read_schema(path).names
-        with open_text(path, ref) as file:
-            first = next(json_rows(file, ref), None)
-    except (OSError, ValueError, KeyError, pyarrow.ArrowException) as error:
-        raise DataError(f"{ref} cannot be read: {error}") from None
-    if first is None:
-        raise DataError(f"{ref} has no rows")
-    return list(first)
+    return path
 
 
 def load_data(ref: str, kind: str, field: str) -> Any:
@@ -206,18 +189,25 @@ def json_object(line: str, ref: str, number: int) -> dict:
     return row
 
 
-def column_problem(ref: str, columns: list[str], kind: str) -> str | None:
-    """None if `columns` satisfy one of the column sets a `kind` stage accepts, else what is missing."""
+def missing_columns(columns: list[str], kind: str) -> list[str]:
+    """Nothing when `columns` satisfy one of the column sets a `kind` stage accepts, else what the set the
+    user most likely meant lacks: fewest columns missing, then most present."""
     alternatives = DATA_COLUMNS[kind]
     if any(set(needed) <= set(columns) for needed in alternatives):
-        return None
-    # the set the user most likely meant: fewest columns missing, then most present
+        return []
     closest = min(
         alternatives, key=lambda needed: (len(set(needed) - set(columns)), -len(set(needed) & set(columns)))
     )
-    missing = [column for column in closest if column not in columns]
+    return [column for column in closest if column not in columns]
+
+
+def column_problem(ref: str, columns: list[str], kind: str) -> str | None:
+    """None if `columns` satisfy one of the column sets a `kind` stage accepts, else what is missing."""
+    missing = missing_columns(columns, kind)
+    if not missing:
+        return None
     return (
         f"{ref} lacks column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} that {kind} "
         f"data needs (it has: {', '.join(columns)}); "
-        f"expected one of: {', '.join('+'.join(needed) for needed in alternatives)}"
+        f"expected one of: {', '.join('+'.join(needed) for needed in DATA_COLUMNS[kind])}"
     )

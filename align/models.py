@@ -5,9 +5,13 @@ Builtin models are built once into a cache folder, so pipelines and tests run wi
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import importlib.util
+import json
 import re
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +66,30 @@ BUILTIN_MODELS: dict[str, Callable[[Path], None]] = {
 }
 
 
-def model_problem(name_or_path: str) -> str | None:
-    """Why a config value cannot name a model (None when it can); builds nothing, so validate stays cheap."""
-    if name_or_path in BUILTIN_MODELS:
+def hub_id(value: str, base: Path | None = None) -> bool:
+    """`org/name` names a hub model, unless `org` is a folder under `base`: then it is a local path (and a
+    typo in it must not surface as a hub download error)."""
+    return HUB_ID.fullmatch(value) is not None and not is_dir(user_path(value.split("/")[0], base))
+
+
+def model_location(value: str, base: Path | None = None) -> str:
+    """A model value as loaders read it: a builtin name or a hub id unchanged, anything else the absolute
+    path it names, a relative one taken from `base` (the working directory when None)."""
+    if value in BUILTIN_MODELS or hub_id(value, base):
+        return value
+    return str(user_path(value, base))
+
+
+def model_problem(name_or_path: str, base: Path | None = None, *, allow_custom_code: bool) -> str | None:
+    """Why a config value cannot name a model (None when it can); builds nothing, so validate stays cheap.
+
+    A local folder whose model needs code of its own is refused unless the pipeline allows custom code.
+    """
+    if name_or_path in BUILTIN_MODELS or hub_id(name_or_path, base):
         return None
-    path = user_path(name_or_path)
+    path = user_path(name_or_path, base)
     if is_dir(path):
-        return None
+        return None if allow_custom_code else custom_code_problem(path)
     allowed = (
         f"use a builtin model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
         "or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -76,26 +97,77 @@ def model_problem(name_or_path: str) -> str | None:
     if exists(path):
         return f"{name_or_path!r} is a file, not a model folder; {allowed}"
     if HUB_ID.fullmatch(name_or_path):
-        if not is_dir(Path(path.parts[0])):
-            return None
-        return (  # a typo in a local path would otherwise surface as a hub download error
-            f"the folder {name_or_path!r} does not exist (and {path.parts[0]!r} is a local folder, "
+        local = name_or_path.split("/")[0]
+        return (
+            f"the folder {name_or_path!r} does not exist (and {local!r} is a local folder, "
             f"so it is not a hub id); {allowed}"
         )
     return f"{name_or_path!r} is not a builtin model, a folder, or a hub id; {allowed}"
 
 
+def custom_code_problem(folder: Path) -> str | None:
+    """Why loading the model in `folder` would run code that ships with it, read from its config.json
+    alone (importing transformers takes seconds); None when it would not, or when there is no config."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # not a model folder align can judge here; loading it says what is wrong
+    fix = (
+        "set `allow_custom_code: true` at the top of the pipeline file to run it, or use a model that "
+        "transformers supports natively"
+    )
+    if not isinstance(config, dict):
+        return None
+    if "auto_map" in config:
+        return (
+            f"{folder} needs code of its own: its config.json has an auto_map, so loading it imports "
+            f"Python files from the folder; {fix}"
+        )
+    model_type = config.get("model_type")
+    known = known_model_types()
+    if isinstance(model_type, str) and known and model_type.replace("-", "_") not in known:
+        return (
+            f"{folder} needs code of its own: its config.json names model_type {model_type!r}, which "
+            f"transformers {importlib.metadata.version('transformers')} does not know; {fix}"
+        )
+    return None
+
+
+@cache
+def known_model_types() -> frozenset[str]:
+    """The model types transformers knows (`-` as `_`), read from its source without importing it: the
+    config mapping and the model folders. Empty when that source cannot be read: then only auto_map is
+    checked."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    models = Path(spec.submodule_search_locations[0]) / "models"
+    try:
+        tree = ast.parse((models / "auto" / "auto_mappings.py").read_text(encoding="utf-8"))
+        mapping = next(
+            node.value.args[0]
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(getattr(target, "id", None) == "CONFIG_MAPPING_NAMES" for target in node.targets)
+        )
+        names = [name for name, _ in ast.literal_eval(mapping)]
+        folders = [entry.name for entry in models.iterdir() if entry.is_dir()]
+    except (OSError, SyntaxError, ValueError, StopIteration, AttributeError, IndexError, TypeError):
+        return frozenset()
+    return frozenset(name.replace("-", "_") for name in [*names, *folders])
+
+
 def resolve_model(name_or_path: str, field: str = "model") -> str:
     """What `from_pretrained` should load for a config value: a builtin's cached folder, a local
     folder's absolute path (ranks may run in another directory), or a hub id unchanged."""
-    problem = model_problem(name_or_path)
+    # custom code was refused by validate unless the pipeline allows it
+    problem = model_problem(name_or_path, allow_custom_code=True)
     if problem:
         raise ModelError(f"{field}: {problem}")
     if name_or_path in BUILTIN_MODELS:
         target = cache_root() / "models" / name_or_path
         return str(build_once(target, BUILTIN_MODELS[name_or_path]))
-    path = user_path(name_or_path)
-    return str(path.resolve()) if is_dir(path) else name_or_path
+    return model_location(name_or_path)
 
 
 def load_tokenizer(model_dir: str, *, trust_remote_code: bool = False):

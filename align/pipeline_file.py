@@ -1,10 +1,21 @@
 """Reading a pipeline file: YAML with `safe_load`, `--set` overrides, every stage validated by its kind's
 model and its `trl:` block by TRL's config class, then the checks that span keys. One `ConfigError`
 lists every problem with its YAML path. Nothing here loads a model or starts Ray.
+
+Paths mean what the user meant: a relative path written in a pipeline file is relative to that file's
+folder; a relative path given on the command line with `--set` is relative to the current working
+directory. Both are made absolute here, once, on the driver (`PATH_FIELDS`), so the plan, the records and
+the Ray workers (which run in Ray's session folder) only ever see absolute paths. The default
+`output_root` (`runs`) counts as written in the file: outputs go beside the pipeline file, wherever align
+runs from. Not paths: builtin names (`tiny`, `align:...`), hub ids (`org/name`, unless `org` is a folder
+beside the file, or the value starts with `./`, `../`, `/` or `~`), `hf:` refs, `${stages.X.output}`
+references, and reward `function:`s, which are dotted imports (see `Pipeline.module_roots`).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,8 +23,11 @@ import yaml
 from pydantic import Field, ValidationError
 
 from align.backends import BACKENDS
+from align.cache import user_path
 from align.checks import cross_check
+from align.data import data_location
 from align.errors import ConfigError, Problem
+from align.models import model_location
 from align.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, Strict
 from align.trl_args import trl_problems
 from align.validation import pydantic_problems
@@ -67,8 +81,40 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
-    """Apply `key.path=value` overrides in place; values are parsed as YAML (`0.2`, `true`, `[a, b]`)."""
+def file_location(value: str, base: Path) -> str:
+    return str(user_path(value, base))
+
+
+PATH_FIELDS: dict[tuple[str, ...], Callable[[str, Path], str]] = {
+    ("base_model",): model_location,
+    ("defaults", "output_root"): file_location,
+    ("stages", "*", "model"): model_location,
+    ("stages", "*", "data", "train"): data_location,
+    ("stages", "*", "data", "eval"): data_location,
+    ("stages", "*", "zero2", "config"): file_location,
+    ("stages", "*", "trl", "resume_from_checkpoint"): file_location,
+    ("stages", "*", "rewards", "*", "model"): model_location,
+}
+"""Every value of the file that can be a path (`*`: any stage, any list item), and how it is resolved."""
+
+
+def resolve_paths(value: Any, at: tuple[str, ...], base: Path) -> Any:
+    """`value`, found at the YAML path `at`, with each path in it made absolute against `base`."""
+    if isinstance(value, dict):
+        return {key: resolve_paths(item, (*at, str(key)), base) for key, item in value.items()}
+    if isinstance(value, list):
+        return [resolve_paths(item, (*at, "*"), base) for item in value]
+    if not isinstance(value, str) or "${" in value:
+        return value
+    for fields, resolve in PATH_FIELDS.items():
+        if len(fields) == len(at) and all(part in ("*", key) for part, key in zip(fields, at, strict=True)):
+            return resolve(value, base)
+    return value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], base: Path) -> None:
+    """Apply `key.path=value` overrides in place; values are parsed as YAML (`0.2`, `true`, `[a, b]`), and
+    the paths in them are taken from `base`, the directory align runs in."""
     problems = []
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -87,7 +133,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
             node = child
         else:
             try:
-                node[leaf] = yaml.safe_load(value)
+                node[leaf] = resolve_paths(yaml.safe_load(value), (*parents, leaf), base)
             except yaml.YAMLError as err:
                 problems.append(
                     Problem(f"--set {item}", f"the value is not valid YAML: {getattr(err, 'problem', err)}")
@@ -111,8 +157,9 @@ def validate_stage(name: str, raw_stage: Any) -> tuple[StageBase | None, list[Pr
         return None, pydantic_problems(err, prefix=where, model=KINDS[kind].spec)
 
 
-def parse(raw: dict[str, Any]) -> Pipeline:
-    """Validate a raw mapping into a Pipeline, collecting every problem before raising."""
+def parse(raw: dict[str, Any], source_dir: str | None = None) -> Pipeline:
+    """Validate a raw mapping into a Pipeline, collecting every problem before raising. Its paths must be
+    absolute already (`load` sees to that); `source_dir` is the folder of the file it came from."""
     problems: list[Problem] = []
     try:
         header = Header.model_validate(raw)
@@ -130,7 +177,8 @@ def parse(raw: dict[str, Any]) -> Pipeline:
     problems += backend_problems(header, stages)
     if header is None or problems:
         raise ConfigError(problems)
-    pipeline = Pipeline(**{**header.model_dump(exclude={"stages"}), "stages": stages})
+    fields = header.model_dump(exclude={"stages"})
+    pipeline = Pipeline(**fields, stages=stages, source_dir=source_dir)
     edges, problems = cross_check(pipeline)
     if problems:
         raise ConfigError(problems)
@@ -150,11 +198,17 @@ def backend_problems(header: Header | None, stages: dict[str, StageBase]) -> lis
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
-    """Read, override and validate a pipeline file; every problem is reported at once."""
+    """Read, override and validate a pipeline file; every problem is reported at once. The file's paths
+    are taken from its folder, those of `overrides` from the working directory."""
     path = Path(path)
+    folder = user_path(str(path.parent))
     raw = read_yaml(path)
+    defaults = raw.setdefault("defaults", {})
+    if isinstance(defaults, dict):  # the default output_root counts as written in the file
+        defaults.setdefault("output_root", Defaults().output_root)
     try:
-        apply_overrides(raw, overrides or [])
-        return parse(raw)
+        raw = resolve_paths(raw, (), folder)
+        apply_overrides(raw, overrides or [], Path(os.getcwd()))
+        return parse(raw, source_dir=str(folder))
     except ConfigError as err:
         raise ConfigError(err.problems, source=str(path)) from None

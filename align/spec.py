@@ -6,12 +6,12 @@ Reading and validating a file is `align.pipeline_file.load()`. Nothing here load
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator
 
-from align.cache import user_path
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -49,13 +49,7 @@ class Zero2Spec(Strict):
     overlap_comm: bool = True
     contiguous_gradients: bool = True
     bucket_size: Annotated[int, Field(gt=0, multiple_of=2)] = 50_000_000  # DeepSpeed needs it even
-    config: str | None = None
-
-    @field_validator("config")
-    @classmethod
-    def absolute_config(cls, value: str | None) -> str | None:
-        """Resolved against the directory align runs in: Ray workers run elsewhere."""
-        return str(user_path(value).resolve()) if value else value
+    config: str | None = None  # made absolute by align.pipeline_file, as every path of the file
 
 
 class FSDPSpec(Strict):
@@ -77,6 +71,8 @@ class StageBase(Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16"] | None = None
     zero2: Zero2Spec = Zero2Spec()
     fsdp: FSDPSpec = FSDPSpec()
+    max_failures: Annotated[int, Field(ge=0)] | None = None
+    checkpoint_minutes: Annotated[float, Field(gt=0)] | None = None
 
 
 class TrainingStage(StageBase):
@@ -212,6 +208,8 @@ class Defaults(Strict):
     output_root: str = "runs"
     seed: int = 0
     device_memory: str | None = None  # e.g. "80GB"; detected when absent
+    max_failures: Annotated[int, Field(ge=0)] = 2  # lost workers retried from the latest checkpoint
+    checkpoint_minutes: Annotated[float, Field(gt=0)] = 30.0  # a checkpoint at least this often
 
 
 class Pipeline(Strict):
@@ -224,12 +222,19 @@ class Pipeline(Strict):
     stages: dict[str, SerializeAsAny[StageBase]]
     edges: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
     """Each stage's upstream stages, from its `${stages.X.output}` references: set by the file's checks."""
+    source_dir: str | None = Field(default=None, exclude=True)
+    """The pipeline file's folder: its relative paths were read from there (align.pipeline_file)."""
 
     def stage_model(self, name: str) -> str:
         """The model a stage starts from: its own `model:` or the pipeline's base model."""
         return self.stages[name].model or self.base_model
 
+    def module_roots(self) -> list[str]:
+        """Where a reward function of the user's own imports from: the directory `align` runs in, then the
+        pipeline file's folder. Validate imports it from there, and the workers need them on PYTHONPATH."""
+        return list(dict.fromkeys(filter(None, [os.getcwd(), self.source_dir])))
+
     def stage_setting(self, name: str, key: str) -> Any:
-        """A stage's own value for backend/workers/precision, else the pipeline default."""
+        """A stage's own value for a setting it shares with `defaults`, else the pipeline default."""
         value = getattr(self.stages[name], key)
         return getattr(self.defaults, key) if value is None else value

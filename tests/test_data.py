@@ -13,7 +13,8 @@ from datasets import Dataset, DatasetDict
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from align.corpora import BUILTIN_DATA, build_chatterbot  # noqa: E402
-from align.data import check_data, load_data, resolve_data  # noqa: E402
+from align.data import load_data, resolve_data  # noqa: E402
+from align.data_scan import check_data  # noqa: E402
 from align.errors import DataError  # noqa: E402
 
 PREFS = [
@@ -177,7 +178,10 @@ def test_bad_json_lines_are_reported_with_their_line_number(tmp_path: Path) -> N
     )
     bad_third = tmp_path / "bad_third.jsonl"
     bad_third.write_text('{"text": "a"}\n{"text": "b"}\n["text"]\n')
-    assert check_data(str(bad_third), "sft", "d") is None  # validate reads only the first row
+    assert check_data(str(bad_third), "sft", "d") == (  # validate reads every row
+        f"{bad_third} line 3 is not a JSON object (a JSON list); "
+        "each row must be one JSON object of named columns"
+    )
     with pytest.raises(DataError, match=r"^d: .*bad_third\.jsonl line 3 is a JSON list; each line must be"):
         load_data(str(bad_third), "sft", "d")
 

@@ -367,17 +367,11 @@ def test_rollout_sampler_repeats_disjoint_batches_per_rank() -> None:
         ("gamma", -0.1),
         ("kl_target", 0.0),
         ("stop_token", "x"),
-        ("resume_from_checkpoint", "/x"),
     ],
 )
 def test_ppo_config_names_the_bad_field(tmp_path, field: str, value) -> None:
     with pytest.raises(ValueError, match=rf"\b{field}\b"):
         PPOConfig(output_dir=str(tmp_path), use_cpu=True, **{field: value})
-
-
-def test_ppo_config_refuses_resume(tmp_path) -> None:
-    with pytest.raises(ValueError, match="does not resume"):
-        PPOConfig(output_dir=str(tmp_path), use_cpu=True, resume_from_checkpoint="/x")
 
 
 def test_rollout_batch_size_counts_every_micro_batch_of_every_mini_batch(tmp_path) -> None:

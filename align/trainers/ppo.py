@@ -17,6 +17,10 @@ backend; the critic is a value head on the policy's trunk, or its own LoRA adapt
 plus a head (`value: adapter`). Logged keys follow TRL's last PPO: objective/kl, objective/scores,
 objective/rlhf_reward, objective/non_score_reward, loss/policy_avg, loss/value_avg, policy/clipfrac_avg,
 policy/approxkl_avg, val/clipfrac_avg, val/num_eos_tokens; `reward` is the mean score as GRPO logs it.
+
+A checkpoint holds what a resume needs to go on exactly as if never stopped: the Trainer's own files plus the
+policy, the critic and PPO's state (KL coefficient, counters, the rollout in progress), as
+align/trainers/ppo_checkpoint.py lays them out; `train(resume_from_checkpoint=...)` reads them back.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from align.trainers import ppo_checkpoint
 from align.trainers.policy_value import PolicyAndValue, causal_logits
 from align.trainers.ppo_config import PPOConfig
 from align.trainers.ppo_math import (
@@ -45,7 +51,6 @@ from align.trainers.ppo_math import (
 )
 from align.trainers.sampling import decode, generate
 
-VALUE_HEAD_FILE = "value_head.pt"
 # rewards(prompts, completions, columns) -> (weighted score per completion, each reward's values)
 RewardFn = Callable[[list[Any], list[Any], dict[str, list[Any]]], tuple[list[float], dict[str, list[float]]]]
 
@@ -67,6 +72,10 @@ class RolloutSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return self.size // (self.batch * self.world) * self.repeats
 
+    def set_epoch(self, epoch: int) -> None:
+        """The Trainer names each epoch, so a resumed run draws the order of the epoch it resumes in."""
+        self.epoch = epoch
+
     def __iter__(self) -> Iterator[list[int]]:
         order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
         self.epoch += 1
@@ -75,6 +84,13 @@ class RolloutSampler(Sampler[list[int]]):
             indices = order[start + self.rank * self.batch : start + (self.rank + 1) * self.batch].tolist()
             for _ in range(self.repeats):
                 yield indices
+
+
+class RolloutLoader(DataLoader):
+    """Passes the Trainer's `set_epoch` on to the `RolloutSampler` (a plain DataLoader has none)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
 
 
 @dataclass
@@ -133,7 +149,7 @@ class PPOTrainer(Trainer):
             self.args.world_size,
             self.args.seed,
         )
-        return DataLoader(self.train_dataset, batch_sampler=sampler, collate_fn=list)
+        return RolloutLoader(self.train_dataset, batch_sampler=sampler, collate_fn=list)
 
     def _prepare_inputs(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         position = self.micro_steps % self.args.micro_batches_per_rollout
@@ -309,5 +325,55 @@ class PPOTrainer(Trainer):
         wrapper.policy.save_pretrained(output_dir, is_main_process=self.args.should_save)
         if self.args.should_save:
             os.makedirs(output_dir, exist_ok=True)
-            torch.save(wrapper.value_head.state_dict(), os.path.join(output_dir, VALUE_HEAD_FILE))
+            ppo_checkpoint.save_value_head(wrapper.value_head, output_dir)
             self.processing_class.save_pretrained(output_dir)
+
+    # --- resuming: the weights from align's layout, and PPO's own state (see ppo_checkpoint) ---
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """The Trainer restores weights, optimizer, scheduler, RNG and skips the batches trained on; PPO's
+        own state (KL coefficient, counters, the rollout in progress) is read here first."""
+        if resume_from_checkpoint is True:  # none found: the Trainer raises
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
+        if isinstance(resume_from_checkpoint, str):
+            self.load_ppo_state(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """This rank's PPO state goes in first, so a folder with `trainer_state.json` is complete."""
+        folder = os.path.join(
+            self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        ppo_checkpoint.save_state(folder, self.args.process_index, self.ppo_state())
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """The policy and the critic as `_save` wrote them (the Trainer's loader expects one model)."""
+        wrapper = self.accelerator.unwrap_model(model or self.model)
+        if hasattr(wrapper.policy, "peft_config"):
+            ppo_checkpoint.load_adapters(wrapper.policy, resume_from_checkpoint)
+        else:
+            ppo_checkpoint.load_full_weights(wrapper.policy, resume_from_checkpoint)
+        ppo_checkpoint.load_value_head(wrapper.value_head, resume_from_checkpoint)
+
+    def ppo_state(self) -> dict[str, Any]:
+        """What PPO carries from step to step besides the weights; the rollout only inside one."""
+        inside = self.micro_steps % self.args.micro_batches_per_rollout != 0
+        return {
+            "kl_coef": self.kl_coef,
+            "micro_steps": self.micro_steps,
+            "shuffle": self.shuffle.get_state(),
+            "logged": dict(self.logged),
+            "rollout": self.rollout.tensors if inside else None,
+            "prompt_length": self.rollout.prompt_length if inside else 0,
+            "schedule": self.schedule if inside else [],
+        }
+
+    def load_ppo_state(self, folder: str) -> None:
+        state = ppo_checkpoint.load_state(folder, self.args.process_index, self.args.device)
+        self.kl_coef = state["kl_coef"]
+        self.micro_steps = state["micro_steps"]
+        self.shuffle.set_state(state["shuffle"].cpu())
+        self.logged = defaultdict(list, state["logged"])
+        self.rollout = Rollout(state["rollout"], state["prompt_length"]) if state["rollout"] else None
+        self.schedule = state["schedule"]

@@ -51,11 +51,6 @@ class PPOConfig(TrainingArguments):
                 raise ValueError(f"{name} must be between 0 and 1 (got {getattr(self, name)})")
         if self.kl_coef < 0 or (self.kl_target is not None and self.kl_target <= 0):
             raise ValueError("kl_coef must be 0 or more, and kl_target above 0 when set")
-        if self.resume_from_checkpoint:
-            raise ValueError(
-                "resume_from_checkpoint: align's PPO does not resume from a checkpoint yet (its checkpoints "
-                "hold the policy and the critic, not the rollout state); start the stage again instead"
-            )
         if self.stop_token not in ("eos", None):
             raise ValueError(f"stop_token must be 'eos' or null (got {self.stop_token!r})")
 

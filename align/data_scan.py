@@ -1,0 +1,289 @@
+"""Every row of a local data file checked before any model loads, so that `align validate` (and `align run`,
+before Ray starts) finds a bad row deep in a file, not the worker that reaches it an hour later.
+
+A scan streams the file: jsonl line by line, a JSON array item by item, parquet files and `datasets`
+folders as Arrow record batches. Each row is checked against the TRL formats that its stage's data kind
+accepts (`align.data.DATA_COLUMNS`), and each defect is reported once per file with a count and its first
+places. The verdict is cached by the file's identity (path, size, modification time) and the data kind
+under `$ALIGN_CACHE/data-checks`, so a second validate of a large file does not read it again. Reading
+the rows is `align.data_rows`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from align.cache import cache_root, is_dir, write_atomically
+from align.corpora import BUILTIN_PREFIX, builtin
+from align.data import DATA_COLUMNS, HUB_PREFIX, column_problem, locate, missing_columns
+from align.data_rows import row_source
+from align.errors import DataError
+from align.fingerprint import digest
+
+SCAN_FORMAT = 1  # bump when the rules change: cached verdicts are then checked again
+EXAMPLES = 3  # places shown for each defect
+CONVERSATIONAL = ("prompt", "completion", "chosen", "rejected")  # each text, or a list of messages
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One kind of defect, worded for one row and for several, with its fix."""
+
+    one: str
+    many: str
+    fix: str
+
+
+NOT_JSON = Issue("is not valid JSON", "are not valid JSON", "each line must hold one JSON object")
+NOT_OBJECT = Issue(
+    "is not a JSON object", "are not JSON objects", "each row must be one JSON object of named columns"
+)
+LABEL = Issue(
+    "has a 'label' that is not true or false",
+    "have a 'label' that is not true or false",
+    "a label says whether the completion is desirable: true or false",
+)
+MIXED = Issue(
+    "mixes text and lists of messages",
+    "mix text and lists of messages",
+    "TRL reads a row as all text (standard) or all lists of {role, content} messages (conversational)",
+)
+
+
+def lacking(columns: list[str], kind: str) -> Issue:
+    names = ", ".join(map(repr, columns))
+    formats = ", ".join("+".join(needed) for needed in DATA_COLUMNS[kind])
+    return Issue(f"lacks {names}", f"lack {names}", f"each row of {kind} data needs one of: {formats}")
+
+
+def extra(columns: list[str], place: str) -> Issue:
+    names = ", ".join(map(repr, columns))
+    fix = "TRL takes one format from the first row: give every row the same columns"
+    return Issue(f"has {names}, which {place} lacks", f"have {names}, which {place} lacks", fix)
+
+
+def empty(column: str) -> Issue:
+    return Issue(f"has an empty {column!r}", f"have an empty {column!r}", "fill in or drop the empty rows")
+
+
+def not_of(column: str, wanted: str) -> Issue:
+    fix = "text is a string, a conversation a list of {role, content} messages"
+    return Issue(f"has a {column!r} that is not {wanted}", f"have a {column!r} that is not {wanted}", fix)
+
+
+def other_shape(shape: str, first: str, place: str) -> Issue:
+    fix = "one file holds one format: all text or all lists of messages"
+    return Issue(
+        f"holds {shape} where {place} holds {first}", f"hold {shape} where {place} holds {first}", fix
+    )
+
+
+def is_message(value: Any) -> bool:
+    return (
+        type(value) is dict
+        and type(value.get("role")) is str
+        and value["role"] != ""
+        and isinstance(value.get("content"), (str, list))
+    )
+
+
+def conversation_issue(column: str, value: Any) -> Issue | None:
+    if not isinstance(value, list) or not all(is_message(message) for message in value):
+        return not_of(column, "a list of {role, content} messages")
+    return None if value else empty(column)
+
+
+def value_issue(column: str, value: Any) -> tuple[Issue | None, str | None]:
+    """What is wrong with one value (None if nothing), and whether it is `text` or a `conversation`."""
+    if column == "label":
+        return (None if isinstance(value, bool) else LABEL), None
+    if column == "messages":
+        return conversation_issue(column, value), None
+    if isinstance(value, str):
+        return (None if value.strip() else empty(column)), ("text" if column in CONVERSATIONAL else None)
+    if column in CONVERSATIONAL and isinstance(value, list):
+        return conversation_issue(column, value), "conversation"
+    wanted = "text or a list of {role, content} messages" if column in CONVERSATIONAL else "a string"
+    return not_of(column, wanted), None
+
+
+@dataclass
+class Tally:
+    """How many rows have one defect, and the first few places (with a detail, as JSON's reason)."""
+
+    count: int = 0
+    places: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class Scan:
+    """What one pass over a file found. TRL takes a file's format from its first row, so the first row
+    that fits one of the data kind's formats sets the columns and shape every later row must have."""
+
+    kind: str
+    unit: str = "line"
+    rows: int = 0
+    tallies: dict[Issue, Tally] = field(default_factory=dict)
+    first_columns: list[str] | None = None
+    columns: tuple[str, ...] | None = None
+    columns_place: str = ""
+    wider: list[tuple[str, ...]] = field(default_factory=list)  # formats with more columns than `columns`
+    shape: str | None = None
+    shape_place: str = ""
+
+    def add(self, issue: Issue, place: str, detail: str | None = None) -> None:
+        tally = self.tallies.setdefault(issue, Tally())
+        tally.count += 1
+        if len(tally.places) < EXAMPLES:
+            tally.places.append((place, detail))
+
+    def check(self, place: str, row: Any, error: str | None) -> None:
+        self.rows += 1
+        if error is not None:
+            return self.add(NOT_JSON, place, error)
+        if not isinstance(row, dict):
+            return self.add(NOT_OBJECT, place, f"a JSON {type(row).__name__}")
+        if self.columns is None and not self.take_format(place, row):
+            return None
+        if missing := [column for column in self.columns if row.get(column) is None]:
+            return self.add(lacking(missing, self.kind), place)
+        fitting = [needed for needed in self.wider if all(row.get(column) is not None for column in needed)]
+        if fitting:
+            columns = sorted({column for needed in fitting for column in needed} - set(self.columns))
+            return self.add(extra(columns, self.columns_place), place)
+        return self.check_values(place, row)
+
+    def take_format(self, place: str, row: dict[str, Any]) -> bool:
+        """Take the format of the first row that fits one; a row before it is counted as lacking."""
+        if self.first_columns is None:
+            self.first_columns = list(row)
+        present = {column for column, value in row.items() if value is not None}
+        alternatives = DATA_COLUMNS[self.kind]
+        fitting = [needed for needed in alternatives if set(needed) <= present]
+        if not fitting:
+            self.add(lacking(missing_columns(sorted(present), self.kind), self.kind), place)
+            return False
+        self.columns, self.columns_place = max(fitting, key=len), f"{self.unit} {place}"
+        self.wider = [needed for needed in alternatives if set(self.columns) < set(needed)]
+        return True
+
+    def check_values(self, place: str, row: dict[str, Any]) -> None:
+        found = [value_issue(column, row[column]) for column in self.columns or ()]
+        issues = [issue for issue, _ in found if issue is not None]
+        for issue in issues:
+            self.add(issue, place)
+        shapes = {shape for _, shape in found if shape is not None}
+        if issues or not shapes:
+            return
+        if len(shapes) > 1:
+            return self.add(MIXED, place)
+        shape = shapes.pop()
+        if self.shape is None:
+            self.shape, self.shape_place = shape, f"{self.unit} {place}"
+        elif shape != self.shape:
+            self.add(other_shape(shape + "s", self.shape + "s", self.shape_place), place)
+
+    def message(self, ref: str) -> str | None:
+        """One message for the file: the defects, each with its count and first places, and the fixes."""
+        tallies = self.tallies
+        head = None
+        if self.columns is None and self.first_columns is not None:  # no row fits: the columns are wrong
+            head = column_problem(ref, self.first_columns, self.kind)
+            tallies = {issue: tally for issue, tally in tallies.items() if issue in (NOT_JSON, NOT_OBJECT)}
+        if not tallies:
+            return head if self.rows else f"{ref} has no rows"
+        if head is None and len(tallies) == 1 and (only := next(iter(tallies.items())))[1].count == 1:
+            issue, tally = only
+            place, detail = tally.places[0]
+            return f"{ref} {self.unit} {place} {issue.one}{f' ({detail})' if detail else ''}; {issue.fix}"
+        parts = [self.tally_text(issue, tally) for issue, tally in tallies.items()]
+        fixes = list(dict.fromkeys(issue.fix for issue in tallies))
+        found = f"{ref}: {'; '.join(parts)}; {'; '.join(fixes)}"
+        return f"{head}. {found}" if head else found
+
+    def tally_text(self, issue: Issue, tally: Tally) -> str:
+        places = ", ".join(place + (f" ({detail})" if detail else "") for place, detail in tally.places)
+        more = f" and {tally.count - len(tally.places)} more" if tally.count > len(tally.places) else ""
+        wording, unit = (issue.one, self.unit) if tally.count == 1 else (issue.many, f"{self.unit}s")
+        return f"{tally.count} of {self.rows} rows {wording}: {unit} {places}{more}"
+
+
+def check_data(ref: str, kind: str, field: str) -> str | None:
+    """What is wrong with `ref` as data for a `kind` stage, or None. A local file is read whole, once per
+    version of it; a builtin needs no reading, and a hub dataset is checked where it loads.
+
+    `field` is taken for symmetry with `load_data` but unused: the caller puts the YAML path in front.
+    """
+    if ref.startswith(HUB_PREFIX):
+        return None if ref[len(HUB_PREFIX) :].strip() else f"{ref}: name the dataset, as hf:org/name@split"
+    try:
+        if ref.startswith(BUILTIN_PREFIX):
+            return column_problem(ref, list(builtin(ref)[1]), kind)
+        return cached_scan(locate(ref), ref, kind)
+    except DataError as error:
+        return str(error)
+
+
+def identity(path: Path) -> list[list[Any]]:
+    """What says a file (or each file of a folder) changed: its path, size and modification time."""
+    files = sorted(entry for entry in path.iterdir() if entry.is_file()) if is_dir(path) else [path]
+    stats = [(file, file.stat()) for file in files]
+    return [[str(file), stat.st_size, stat.st_mtime_ns] for file, stat in stats]
+
+
+def cached_scan(path: Path, ref: str, kind: str) -> str | None:
+    """`scan`'s verdict, read from the cache when this version of the file was scanned before."""
+    try:
+        key = digest({"ref": ref, "kind": kind, "files": identity(path), "format": SCAN_FORMAT})
+    except OSError as error:
+        raise DataError(f"{ref} cannot be read: {error.strerror}") from None
+    entry = cache_root() / "data-checks" / f"{key}.json"
+    try:
+        return json.loads(entry.read_text(encoding="utf-8"))["problem"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    problem = scan(path, ref, kind)
+    try:
+        write_atomically(entry, json.dumps({"ref": ref, "kind": kind, "problem": problem}))
+    except OSError:
+        pass  # a cache that cannot be written only makes the next validate slower
+    return problem
+
+
+def scan(path: Path, ref: str, kind: str) -> str | None:
+    """Check every row of the file (or `datasets` folder) at `path` for a `kind` stage: what is wrong, or
+    None. A file that cannot be opened raises; what its content gets wrong is the answer."""
+    found = Scan(kind)
+    try:
+        with progress_bar(path) as bar:
+            found.unit, columns, rows = row_source(path, bar)
+            if columns is not None and (problem := column_problem(ref, columns, kind)) is not None:
+                return problem
+            for place, row, error in rows:
+                found.check(place, row, error)
+    except UnicodeDecodeError:
+        return f"{ref} is not UTF-8 text"
+    except DataError as error:  # content that ends the scan: a broken JSON array, an unreadable parquet
+        before = found.message(ref) if found.rows else None
+        return f"{ref} {error}" + (f". {before}" if before else "")
+    except OSError as error:
+        raise DataError(f"{ref} cannot be read: {error.strerror}") from None
+    return found.message(ref)
+
+
+@contextmanager
+def progress_bar(path: Path) -> Iterator[Any]:
+    """A bar on stderr for a long scan: shown only once it has run 2 s, and only to a terminal."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"checking {path.name}", delay=2, leave=False, disable=not sys.stderr.isatty())
+    try:
+        yield bar
+    finally:
+        bar.close()
