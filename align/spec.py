@@ -77,6 +77,8 @@ class StageBase(Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16"] | None = None
     zero2: Zero2Spec = Zero2Spec()
     fsdp: FSDPSpec = FSDPSpec()
+    max_failures: Annotated[int, Field(ge=0)] | None = None
+    checkpoint_minutes: Annotated[float, Field(gt=0)] | None = None
 
 
 class TrainingStage(StageBase):
@@ -212,6 +214,8 @@ class Defaults(Strict):
     output_root: str = "runs"
     seed: int = 0
     device_memory: str | None = None  # e.g. "80GB"; detected when absent
+    max_failures: Annotated[int, Field(ge=0)] = 2  # lost workers retried from the latest checkpoint
+    checkpoint_minutes: Annotated[float, Field(gt=0)] = 30.0  # a checkpoint at least this often
 
 
 class Pipeline(Strict):
@@ -230,6 +234,6 @@ class Pipeline(Strict):
         return self.stages[name].model or self.base_model
 
     def stage_setting(self, name: str, key: str) -> Any:
-        """A stage's own value for backend/workers/precision, else the pipeline default."""
+        """A stage's own value for a setting it shares with `defaults`, else the pipeline default."""
         value = getattr(self.stages[name], key)
         return getattr(self.defaults, key) if value is None else value
