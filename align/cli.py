@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from align.errors import AlignError, StageFailed
+from align.errors import AlignError, Interrupted, StageFailed
 
 EXIT_USER_ERROR = 2
 
@@ -44,26 +46,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from align.console import format_outcomes
+    from align.console import ProgressLine, format_outcomes
     from align.run.controller import run_plan
 
     plan = build_plan(args)
-    outcomes = run_plan(
-        plan,
-        only=args.stage,
-        force=args.force,
-        address=args.address,
-        on_event=lambda line: print(line, flush=True),
-    )
+    progress = ProgressLine(sys.stdout)
+    try:
+        outcomes = run_plan(
+            plan,
+            only=args.stage,
+            force=args.force,
+            restart=args.restart,
+            address=args.address,
+            verbose=args.verbose,
+            on_event=progress.event,
+            on_progress=progress.update,
+            command=" ".join(["align", *sys.argv[1:]]),
+        )
+    except Interrupted as err:
+        progress.end()
+        again = " ".join(["align", "run", args.file, *(f"--set {item}" for item in args.set)])
+        print(f"interrupted: {err}\n`{again}` resumes it", file=sys.stderr)
+        return 128 + err.signum
+    finally:
+        progress.end()
     print(format_outcomes(outcomes))
     return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from align.run.controller import worker_env
+    from align.run.launch import worker_env
+    from align.run.lock import check_free
+    from align.run.records import stage_dir
     from align.run.submit import submit
 
-    build_plan(args)  # refuse here what `validate` refuses, before it reaches the cluster
+    pipeline = build_plan(args).pipeline  # refuse here what `validate` refuses, before it reaches the cluster
+    check_free(stage_dir(pipeline.defaults.output_root, pipeline.name, "x").parent)  # a run here holds it
     job_id = submit(
         args.address,
         args.file,
@@ -150,6 +168,20 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "run":
             sub.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else local)")
+            sub.add_argument(
+                "--restart",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="run this stage again from step 0, discarding its checkpoints (and rerun what "
+                "depends on it); without it an interrupted stage resumes",
+            )
+            sub.add_argument(
+                "-v",
+                "--verbose",
+                action="store_true",
+                help="stream the workers' output (always in their logs)",
+            )
         if name == "submit":
             sub.add_argument(
                 "--address", required=True, help="the cluster's dashboard, e.g. http://HOST:8265"
@@ -169,10 +201,18 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def stop_on(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM stop the run the same way: unwinding, so each stage is set aside cleanly."""
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     # bitsandbytes warns on import that an optional hub kernel is missing; its CPU fallback is used
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     args = parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, stop_on)
+        signal.signal(signal.SIGTERM, stop_on)
     try:
         return args.handler(args)
     except AlignError as err:
@@ -181,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as err:
         print(f"failed: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(err, "signum", signal.SIGINT)
 
 
 if __name__ == "__main__":

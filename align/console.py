@@ -70,3 +70,55 @@ def format_outcomes(outcomes) -> str:
         )
         lines.append(f"  {outcome.stage:<10} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
     return "\n".join(lines)
+
+
+def format_progress(stage: str, entry: dict) -> str:
+    """`[sft] step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:35` from a stage's progress file."""
+    step, total, first = entry["step"], entry.get("max_steps") or 0, entry.get("first_step", 0)
+    parts = [f"[{stage}] step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
+    if entry.get("value"):
+        name, value = entry["value"]
+        parts.append(f"{name} {value:.4g}")
+    elapsed = entry["time"] - entry["started"]
+    if step > first and elapsed > 0:
+        rate = (step - first) / elapsed
+        parts.append(f"{rate:.3g} it/s")
+        if total > step:
+            seconds = int((total - step) / rate)
+            parts.append(f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
+    return "  ".join(parts)
+
+
+class ProgressLine:
+    """One live progress line per running stage: redrawn in place on a terminal, and printed at every
+    tenth of the stage otherwise (a log file or CI gets ten lines, not one per step)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.live = stream.isatty()
+        self.drawn = False
+        self.tenths: dict[str, int] = {}
+
+    def update(self, stage: str, entry: dict) -> None:
+        line = format_progress(stage, entry)
+        if self.live:
+            self.stream.write(f"\r\033[K{line}")
+            self.drawn = True
+        else:
+            total = entry.get("max_steps") or 0
+            tenth = 10 * entry["step"] // total if total else 0
+            if tenth > self.tenths.get(stage, 0):
+                self.tenths[stage] = tenth
+                self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def event(self, line: str) -> None:
+        """A line from the run (a stage starting, ending, retrying), below the progress line."""
+        self.end()
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.drawn = False

@@ -44,4 +44,18 @@ class ModelError(AlignError):
 
 
 class StageFailed(Exception):
-    """A stage crashed while running; its partial outputs were kept aside, not published."""
+    """A stage crashed while running; its partial outputs were kept aside, not published.
+
+    `rank`: the worker whose log (`logs/worker-RANK.log`) holds the traceback, when one is known."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM); the CLI exits 128 + its number."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(message)
+        self.signum = signum

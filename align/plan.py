@@ -67,6 +67,8 @@ class StagePlan:
     placement: Placement
     memory: MemoryEstimate | None = None
     memory_by_backend: dict[str, MemoryEstimate] = field(default_factory=dict)
+    max_failures: int = 2  # lost workers retried, each time from the latest checkpoint
+    checkpoint_minutes: float = 30.0
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -304,6 +306,8 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         placement=placement,
         memory=by_backend.get(option),
         memory_by_backend=by_backend,
+        max_failures=pipeline.stage_setting(name, "max_failures"),
+        checkpoint_minutes=pipeline.stage_setting(name, "checkpoint_minutes"),
     )
 
 

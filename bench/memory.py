@@ -124,7 +124,8 @@ def run_stages(plan: Any, names: list[str], gpu: bool) -> dict[str, str]:
     """Run each named stage into a clean folder; a stage that fails is reported, not fatal."""
     import ray
 
-    from align.run.controller import connect, resolve_inputs
+    from align.run.controller import resolve_inputs
+    from align.run.launch import connect
     from align.run.records import stage_dir
 
     ray.cloudpickle.register_pickle_by_value(probe)  # the workers cannot import bench/

@@ -32,7 +32,7 @@ class FakeLauncher:
         self.inputs: dict[str, object] = {}
         self.fail = fail
 
-    def __call__(self, plan, stage, scratch: Path) -> dict:
+    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> dict:
         self.calls.append(stage.name)
         self.inputs[stage.name] = stage.inputs
         output = "adapter" if getattr(stage.stage, "lora", None) else "model"
@@ -145,3 +145,4 @@ def test_a_failed_stage_is_kept_aside_with_its_record_and_nothing_is_published(p
     resumed = FakeLauncher()
     run(pipeline, resumed)
     assert resumed.calls == ["dpo", "merge", "rm", "ppo"]  # sft was published and is reused
+    assert not list(folder(pipeline, "dpo").parent.glob(".dpo.failed-*"))  # gone once dpo succeeded

@@ -1,40 +1,37 @@
 """The Ray driver: a thin controller that walks the plan and runs each stage as a Ray Train job.
 
-It reads like single-process code: for each stage in order, skip it if its record matches,
-else launch a TorchTrainer with the stage's worker count and publish its folder when it ends.
+It reads like single-process code: hold the pipeline's output folder, then for each stage in order,
+skip it if its record matches, else launch it (resuming an earlier attempt's checkpoint, retrying lost
+workers) and publish its folder when it ends.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from align.errors import AlignError, StageFailed
+from align.checkpoints import latest_complete, remove_torn
+from align.errors import AlignError, Interrupted, StageFailed
 from align.fingerprint import digest
 from align.graph import downstream, reference_target, upstream
 from align.models import resolve_model
 from align.plan import ModelInput, Plan, StageInputs, StagePlan
 from align.run import records
-from align.run.worker import ERROR, RESULT, train_loop
+from align.run.disk import check_space, probe_writable
+from align.run.launch import LostWorkers, connect, ray_launch
+from align.run.lock import RunLock, run_lock
+from align.run.worker import RESULT
+from align.secrets import redact
 
-Launcher = Callable[[Plan, StagePlan, Path], dict[str, Any]]
-"""Runs one stage (its plan carries its resolved inputs) into a scratch folder; returns rank 0's result."""
+Event = Callable[[str], None]
 
-FORWARDED_ENV = (
-    "HF_HUB_OFFLINE",
-    "HF_DATASETS_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "HF_HOME",
-    "ALIGN_CACHE",
-    "TORCH_EXTENSIONS_DIR",
-    "PYTHONHASHSEED",
-)
+Launcher = Callable[[Plan, StagePlan, Path, Path | None], dict[str, Any]]
+"""Runs one attempt at a stage (its plan carries its resolved inputs) into a scratch folder, from a
+checkpoint folder when one is given; returns rank 0's result. Raises LostWorkers when a retry may help."""
 
 
 @dataclass(frozen=True)
@@ -46,42 +43,6 @@ class Outcome:
     folder: Path
     seconds: float
     metrics: dict[str, float]
-
-
-def worker_env() -> dict[str, str]:
-    """Environment the workers need from the driver (offline switches, caches), and nothing secret."""
-    env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
-    # a reward function of the user's own (`allow_custom_code`) imports from where `align` was run
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    # Ray Train's print patch defeats dill's stdout capture, flooding the log with bytecode
-    return {**env, "TOKENIZERS_PARALLELISM": "false", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
-
-
-def connect(address: str | None) -> None:
-    """Join the named cluster, or start an embedded local Ray: no dashboard, loopback only."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    # Ray's own INFO/WARNING chatter (and the state-API warnings it makes with no dashboard) is noise here
-    settings = {
-        "runtime_env": {"env_vars": worker_env()},
-        "log_to_driver": True,
-        "logging_config": ray.LoggingConfig(log_level="ERROR"),
-    }
-    if address:
-        ray.init(address=address, **settings)
-    else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **settings)
-
-
-def disconnect() -> None:
-    """Shut down this driver's Ray connection (an embedded Ray stops with it)."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def model_input(value: str, field: str, folders: dict[str, Path]) -> ModelInput:
@@ -134,40 +95,6 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     )
 
 
-def ray_launch(plan: Plan, stage: StagePlan, scratch: Path, address: str | None = None) -> dict[str, Any]:
-    """Run the stage on `stage.workers` Ray Train workers; return rank 0's result. Ray is joined (or
-    started) here, so a run whose stages are all up to date never starts it."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    connect(address)
-    gpu = plan.hardware.accelerator
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // stage.workers)
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={"plan": stage, "output_dir": str(scratch)},
-        scaling_config=ScalingConfig(
-            num_workers=stage.workers, use_gpu=gpu, resources_per_worker=None if gpu else {"CPU": cpus}
-        ),
-        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
-        run_config=RunConfig(
-            name=f"{plan.pipeline.name}-{stage.name}-{scratch.name[-8:]}",
-            storage_path=str(scratch.parent / ".ray"),
-        ),
-    )
-    try:
-        trainer.fit()
-    except BaseException as err:
-        disconnect()  # let Ray's own failure logs drain first, so align's message is the last word
-        if not isinstance(err, Exception):
-            raise  # Ctrl-C: the caller keeps the stage aside
-        if (scratch / ERROR).exists():
-            raise AlignError(json.loads((scratch / ERROR).read_text())["message"]) from None
-        raise StageFailed(f"stage '{stage.name}' failed: {err}") from None
-    return json.loads((scratch / RESULT).read_text())
-
-
 def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[str, Any]:
     """What the next stage reads: a base with its chain of adapters, or a whole model folder."""
     path = str(folder / result["output"])
@@ -176,15 +103,27 @@ def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[
     return {"kind": "model", "path": path, "base": path, "adapters": []}
 
 
-def run_stage(plan: Plan, stage: StagePlan, stamp: str, folder: Path, launch: Launcher) -> dict[str, Any]:
-    """Run one stage into a scratch folder and publish it with its record; keep it aside on failure."""
+def run_stage(
+    plan: Plan,
+    stage: StagePlan,
+    stamp: str,
+    folder: Path,
+    launch: Launcher,
+    *,
+    restart: bool,
+    on_event: Event,
+) -> dict[str, Any]:
+    """Run one stage into a scratch folder and publish it with its record; keep it aside on failure.
+
+    An earlier attempt with the same fingerprint (a killed or interrupted run) is continued from its
+    latest complete checkpoint, unless `restart`; a lost worker is retried up to `max_failures`."""
     inputs = stage.inputs.model
     record: dict[str, Any] = {
         "pipeline": plan.pipeline.name,
         "stage": stage.name,
         "kind": stage.kind,
         "fingerprint": stamp,
-        "config": records.redact(stage.stage.model_dump(mode="json")),
+        "config": redact(stage.stage.model_dump(mode="json")),
         "resolved": {
             "backend": stage.backend,
             "backend_reason": stage.backend_reason,
@@ -198,24 +137,80 @@ def run_stage(plan: Plan, stage: StagePlan, stamp: str, folder: Path, launch: La
         "git_sha": records.git_sha(),
         "started": time.time(),
     }
-    scratch = records.scratch_dir(folder)
+    earlier = None if restart else records.resumable(folder, stamp)
+    scratch = records.start_attempt(folder, record, earlier[0] if earlier else None)
+    attempts: list[dict[str, Any]] = []
     try:
-        result = launch(plan, stage, scratch)
-    except (AlignError, StageFailed, KeyboardInterrupt) as err:
-        record.update(status="failed", ended=time.time(), error=str(err))
-        kept = records.keep_failed(scratch, folder, record)
-        raise type(err)(f"{err}\n(partial outputs kept in {kept})") from None
+        result = attempt_until_done(plan, stage, scratch, launch, attempts, on_event)
+    except (AlignError, StageFailed, KeyboardInterrupt, OSError) as err:
+        status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        record.update(status=status, ended=time.time(), error=str(err), attempts=attempts)
+        raise with_kept_folder(err, stage.name, records.keep_failed(scratch, folder, record)) from None
     (scratch / RESULT).unlink()
     for leftover in (path for path in scratch.iterdir() if path.is_dir() and not any(path.iterdir())):
         leftover.rmdir()  # e.g. checkpoints/ when the stage saved none
+    resumed_from = attempts[-1]["resumed_from"]
     record.update(
         status="succeeded",
         ended=time.time(),
         metrics=result["metrics"],
         output=output_of(result, inputs, folder),
+        resumed_from=resumed_from,
+        steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),
+        retries=len(attempts) - 1,
+        attempts=attempts,
     )
     records.publish(scratch, folder, record)
+    records.clear_attempts(folder)
     return record
+
+
+def attempt_until_done(
+    plan: Plan,
+    stage: StagePlan,
+    scratch: Path,
+    launch: Launcher,
+    attempts: list[dict[str, Any]],
+    on_event: Event,
+) -> dict[str, Any]:
+    """Launch the stage, each time from its latest complete checkpoint, until it ends or has lost workers
+    more than `max_failures` times. Each attempt is noted in `attempts` (where it started, how it ended)."""
+    while True:
+        torn = remove_torn(scratch)
+        checkpoint = latest_complete(scratch)
+        attempts.append({"started": time.time(), "resumed_from": checkpoint[0] if checkpoint else None})
+        if torn:
+            on_event(f"[{stage.name}] set aside unfinished checkpoint(s) at step {', '.join(map(str, torn))}")
+        if checkpoint:
+            on_event(f"[{stage.name}] resuming from step {checkpoint[0]} ({checkpoint[1]})")
+        try:
+            return launch(plan, stage, scratch, checkpoint[1] if checkpoint else None)
+        except LostWorkers as err:
+            attempts[-1]["error"] = str(err)
+            retries = len(attempts) - 1
+            if retries >= stage.max_failures:
+                limit = f"max_failures: {stage.max_failures}"
+                raise StageFailed(f"{err}; gave up after {retries} retries ({limit})") from None
+            on_event(
+                f"[{stage.name}] {err}; retry {retries + 1} of {stage.max_failures}, from the last checkpoint"
+            )
+
+
+def with_kept_folder(err: BaseException, stage: str, kept: Path) -> BaseException:
+    """The error to show, naming the folder its partial outputs (and the worker logs) were kept in."""
+    if isinstance(err, KeyboardInterrupt):
+        checkpoint = latest_complete(kept)
+        where = (
+            f"checkpoint at step {checkpoint[0]}" if checkpoint else "no checkpoint yet, so it starts over"
+        )
+        return Interrupted(
+            getattr(err, "signum", signal.SIGINT), f"stage '{stage}' stopped ({where}); kept in {kept}"
+        )
+    if isinstance(err, OSError):
+        return AlignError(f"{err.filename or kept}: {err.strerror}; partial outputs kept in {kept}")
+    rank = getattr(err, "rank", None)
+    log = f"; full log: {kept / 'logs' / f'worker-{rank}.log'}" if rank is not None else ""
+    return type(err)(f"{err}\n(partial outputs kept in {kept}{log})")
 
 
 def selected_stages(plan: Plan, only: list[str], force: list[str]) -> tuple[set[str], set[str]]:
@@ -232,34 +227,69 @@ def run_plan(
     *,
     only: list[str] = (),
     force: list[str] = (),
+    restart: list[str] = (),
     address: str | None = None,
-    on_event: Callable[[str], None] = lambda _: None,
+    verbose: bool = False,
+    on_event: Event = lambda _: None,
+    on_progress: Callable[[str, dict[str, Any]], None] = lambda *_: None,
     launch: Launcher | None = None,
+    command: str = "align run",
 ) -> list[Outcome]:
     """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents.
 
-    `launch` runs a stage; by default on Ray Train (`ray_launch`)."""
-    launch = launch or partial(ray_launch, address=address)
-    wanted, forced = selected_stages(plan, list(only), list(force))
+    The pipeline's output folder is held for the whole run (a second run is refused) and checked
+    writable first. `launch` runs a stage; by default on Ray Train (`ray_launch`)."""
+    wanted, forced = selected_stages(plan, list(only), [*force, *restart])
     root = plan.pipeline.defaults.output_root
     folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}
+    pipeline_folder = records.stage_dir(root, plan.pipeline.name, "x").parent
+    probe_writable(pipeline_folder)
     outcomes = []
-    for name in (n for n in plan.order if n in wanted):
-        stage = replace(plan.stages[name], inputs=resolve_inputs(plan.stages[name], folders))
-        stamp = fingerprint(stage, folders)
-        existing = records.read_record(folders[name])
-        if (
-            name not in forced
-            and existing
-            and existing.get("status") == "succeeded"
-            and existing.get("fingerprint") == stamp
-        ):
-            on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
-            outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
-            continue
-        on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
-        record = run_stage(plan, stage, stamp, folders[name], launch)
-        seconds = record["ended"] - record["started"]
-        on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")
-        outcomes.append(Outcome(name, "ran", folders[name], seconds, record["metrics"]))
+    with run_lock(pipeline_folder, command) as lock:
+        if lock.stopped:
+            on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
+        launch = launch or ray_launcher(lock, address, verbose, on_progress)
+        for name in (n for n in plan.order if n in wanted):
+            stage = replace(plan.stages[name], inputs=resolve_inputs(plan.stages[name], folders))
+            stamp = fingerprint(stage, folders)
+            existing = records.read_record(folders[name])
+            if (
+                name not in forced
+                and existing
+                and existing.get("status") == "succeeded"
+                and existing.get("fingerprint") == stamp
+            ):
+                on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
+                outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
+                continue
+            check_space(stage, pipeline_folder)
+            on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
+            record = run_stage(
+                plan, stage, stamp, folders[name], launch, restart=name in restart, on_event=on_event
+            )
+            seconds = record["ended"] - record["started"]
+            on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")
+            outcomes.append(Outcome(name, "ran", folders[name], seconds, record["metrics"]))
     return outcomes
+
+
+def ray_launcher(
+    lock: RunLock, address: str | None, verbose: bool, on_progress: Callable[[str, dict[str, Any]], None]
+) -> Launcher:
+    """`ray_launch`, noting the processes of the embedded Ray under the run's lock, so that a later run
+    can stop them should this driver be killed."""
+
+    def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
+        connect(address, verbose, messages=scratch.parent / "ray-messages.log")
+        lock.note_processes()
+        return ray_launch(
+            plan,
+            stage,
+            scratch,
+            resume,
+            address=address,
+            verbose=verbose,
+            on_progress=lambda progress: on_progress(stage.name, progress),
+        )
+
+    return launch

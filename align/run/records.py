@@ -1,8 +1,10 @@
 """A stage's folder and its record (`align-stage.json`): what produced it, and whether it is done.
 
-Outputs are written into a scratch folder and renamed into place only when complete, with the
-record written last, so a folder that looks done is done. A failed stage's scratch folder is
-kept beside it (`.NAME.failed-TIME`) with a record saying why: nothing is lost on a crash.
+Outputs are written into a scratch folder (`.NAME.tmp-ID`) and renamed into place only when complete,
+with the record written last, so a folder that looks done is done. The scratch folder holds a record
+from its start (status "running", the fingerprint), so a later run can resume it. A failed or
+interrupted stage's folder is kept beside it (`.NAME.failed-TIME`) until the stage succeeds: nothing is
+lost on a crash. Every file is written whole or not at all (a temporary file renamed into place).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from align.checkpoints import latest_complete
 from align.fingerprint import file_digest
 
 RECORD = "align-stage.json"
@@ -33,18 +35,69 @@ PACKAGES = (
     "ray",
     "bitsandbytes",
 )
-SECRET_KEY = re.compile(r"token|secret|password|api_key|credential", re.IGNORECASE)
 
 
 def stage_dir(output_root: str, pipeline: str, stage: str) -> Path:
     return Path(output_root).resolve() / pipeline / stage
 
 
-def scratch_dir(final: Path) -> Path:
-    """A fresh folder beside `final` that no reader mistakes for a finished stage."""
-    scratch = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    scratch.mkdir(parents=True)
+def scratch_name(final: Path) -> Path:
+    """A fresh name beside `final` that no reader mistakes for a finished stage."""
+    return final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `path` whole or not at all: a full disk leaves the old file (or none), never a torn one."""
+    scratch = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}"
+    try:
+        with open(scratch, "w") as out:
+            out.write(json.dumps(data, indent=2, default=str) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+
+
+def attempts(final: Path) -> list[Path]:
+    """Earlier unfinished attempts at a stage: scratch folders of runs that died, kept failed ones."""
+    prefixes = (f".{final.name}.tmp-", f".{final.name}.failed-")
+    if not final.parent.is_dir():
+        return []
+    return sorted(p for p in final.parent.iterdir() if p.is_dir() and p.name.startswith(prefixes))
+
+
+def resumable(final: Path, fingerprint: str) -> tuple[Path, int] | None:
+    """The earlier attempt with this fingerprint that got furthest (its latest complete checkpoint)."""
+    found = []
+    for folder in attempts(final):
+        record = read_record(folder)
+        checkpoint = latest_complete(folder)
+        if record and record.get("fingerprint") == fingerprint and checkpoint:
+            found.append((checkpoint[0], folder.stat().st_mtime, folder))
+    if not found:
+        return None
+    step, _, folder = max(found)
+    return folder, step
+
+
+def start_attempt(final: Path, record: dict[str, Any], resume: Path | None) -> Path:
+    """The scratch folder of this attempt, holding its "running" record: an earlier attempt's folder
+    (renamed back to a scratch name) when resuming, else a new one."""
+    scratch = scratch_name(final)
+    if resume is not None:
+        os.rename(resume, scratch)
+    else:
+        scratch.mkdir(parents=True)
+    write_json(scratch / RECORD, {**record, "status": "running"})
     return scratch
+
+
+def clear_attempts(final: Path) -> None:
+    """Once a stage has succeeded, its earlier attempts are of no use: remove them."""
+    for folder in attempts(final):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
@@ -53,15 +106,6 @@ def read_record(folder: Path) -> dict[str, Any] | None:
         return json.loads((folder / RECORD).read_text())
     except (OSError, ValueError):
         return None
-
-
-def redact(value: Any) -> Any:
-    """A copy of a config with anything that looks like a secret masked, for records and logs."""
-    if isinstance(value, dict):
-        return {k: "***" if SECRET_KEY.search(str(k)) and v else redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value
 
 
 def model_identity(model_dir: str) -> dict[str, Any]:
@@ -104,7 +148,7 @@ def git_sha() -> str | None:
 
 def publish(scratch: Path, final: Path, record: dict[str, Any]) -> None:
     """Write the record last, then swap the scratch folder into place."""
-    (scratch / RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    write_json(scratch / RECORD, record)
     if final.exists():
         retired = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(final, retired)
@@ -115,8 +159,12 @@ def publish(scratch: Path, final: Path, record: dict[str, Any]) -> None:
 
 
 def keep_failed(scratch: Path, final: Path, record: dict[str, Any]) -> Path:
-    """Set a failed stage's partial outputs aside with a record of the failure."""
-    (scratch / RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
-    failed = final.parent / f".{final.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}"
+    """Set a failed stage's partial outputs aside with a record of the failure. On a full disk the record
+    may not fit; the folder is moved aside all the same, keeping its "running" record."""
+    try:
+        write_json(scratch / RECORD, record)
+    except OSError:
+        pass
+    failed = final.parent / f".{final.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     os.rename(scratch, failed)
     return failed

@@ -1,16 +1,25 @@
-"""What each Ray Train worker runs: the stage's runner on this rank, under the planned backend."""
+"""What each Ray Train worker runs: the stage's runner on this rank, under the planned backend.
+
+Each rank's whole output (library warnings, tracebacks) goes to `logs/worker-RANK.log` in the stage's
+folder, not to the console: the driver shows one progress line and, on failure, one error line that
+points at the log. `align run -v` streams the workers' output as well.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 RESULT = ".result.json"
 ERROR = ".error.json"
+PROGRESS_FILE = "logs/progress.json"
 
 
 def quiet_libraries() -> None:
@@ -25,17 +34,48 @@ def quiet_libraries() -> None:
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # a missing optional hub kernel: harmless
 
 
+@contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (Python's and any library's, at the descriptor level) to
+    `log` while the stage runs, then give them back."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "a") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: run the stage; rank 0 leaves its result for the driver."""
+    rank = int(os.environ.get("RANK", "0"))
+    output_dir = Path(config["output_dir"])
+    if config.get("verbose"):
+        run_stage(config, rank, output_dir)
+        return
+    with output_to(output_dir / "logs" / f"worker-{rank}.log"):
+        run_stage(config, rank, output_dir)
+
+
+def run_stage(config: dict[str, Any], rank: int, output_dir: Path) -> None:
     from align.errors import AlignError
     from align.stages import runner_for
     from align.stages.context import StageContext
 
     quiet_libraries()
-    output_dir = Path(config["output_dir"])
-    rank = int(os.environ.get("RANK", "0"))
     plan = config["plan"]
-    context = StageContext(plan=plan, output_dir=output_dir, rank=rank)
+    resume = Path(config["resume"]) if config.get("resume") else None
+    context = StageContext(plan=plan, output_dir=output_dir, rank=rank, resume_from=resume)
     try:
         result = runner_for(plan.kind).run(context)
     except AlignError as err:  # a user error found late (bad data rows): the driver reports it plainly

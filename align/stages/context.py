@@ -6,18 +6,22 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from align.backends import BACKENDS, Backend
+from align.checkpoints import CHECKPOINTS
 from align.data import load_data
 from align.models import load_causal_lm, load_tokenizer
 from align.placement import REFERENCE_COPY
 from align.plan import ModelInput, StagePlan
+from align.secrets import is_secret_name
 from align.spec import LoraSpec
+from align.stages.checkpointing import checkpoint_callbacks
+from align.stages.progress import ProgressFile
 from align.trl_args import build_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -31,6 +35,7 @@ class StageContext:
     output_dir: Path
     rank: int = 0
     backend: Backend | None = None  # the plan's, unless a caller wraps it (bench/probe.py measures it)
+    resume_from: Path | None = None  # a complete checkpoint of an earlier attempt, chosen by the driver
 
     def __post_init__(self) -> None:
         if self.backend is None:
@@ -54,8 +59,14 @@ class StageContext:
         return DTYPES[self.plan.precision]
 
     def callbacks(self) -> list[Any]:
-        """The backend's trainer callbacks, writing under the stage's logs/."""
-        return self.backend.callbacks(self.plan, self.output_dir / "logs")
+        """The backend's trainer callbacks, writing under the stage's logs/, then align's: the progress
+        file, and the checkpoint timer and completion marker (last, once the backend has saved its part)."""
+        logs = self.output_dir / "logs"
+        return [
+            *self.backend.callbacks(self.plan, logs),
+            ProgressFile(logs),
+            *checkpoint_callbacks(self.plan.checkpoint_minutes),
+        ]
 
     def device_map(self) -> str | dict[str, int]:
         """Where 4-bit weights go at load time: this rank's GPU, or the CPU when the plan has none."""
@@ -68,6 +79,7 @@ class StageResult:
 
     output: str
     metrics: dict[str, float] = field(default_factory=dict)
+    steps: int | None = None  # the optimizer step training ended at (a resumed run counts from its start)
 
 
 def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
@@ -135,18 +147,36 @@ def stage_data(ctx: StageContext) -> tuple[Any, Any]:
     return train, evaluation
 
 
+CHECKPOINT_DEFAULTS = {"save_total_limit": 2}
+"""Unless the `trl:` block says otherwise: keep the last two complete checkpoints, not every one."""
+
+
 def stage_config(ctx: StageContext, overrides: dict[str, Any] | None = None) -> Any:
     """TRL's config for this stage: its `trl:` block (plus what the runner must set), and what align
-    owns: outputs under the stage folder, precision, seed, device, and the backend's trainer arguments."""
-    return build_config(
+    owns: outputs under the stage folder, precision, seed, device, and the backend's trainer arguments.
+    Secrets leave the config (it is pickled into every checkpoint as training_args.bin)."""
+    config = build_config(
         ctx.plan.kind,
-        {**ctx.plan.stage.trl, **(overrides or {})},
-        output_dir=str(ctx.output_dir / "checkpoints"),
+        {**CHECKPOINT_DEFAULTS, **ctx.plan.stage.trl, **(overrides or {})},
+        output_dir=str(ctx.output_dir / CHECKPOINTS),
         precision=ctx.plan.precision,
         seed=ctx.plan.seed,
         accelerator=ctx.plan.accelerator,
         **ctx.backend.trainer_args(ctx.plan),
     )
+    return without_secrets(config)
+
+
+def without_secrets(config: Any) -> Any:
+    """`config` with its secret-named string fields emptied; the hub token moves to this process's
+    environment (`HF_TOKEN`), where the hub client looks for it, instead of into the pickle."""
+    for item in fields(config):
+        value = getattr(config, item.name)
+        if isinstance(value, str) and value and is_secret_name(item.name):
+            if item.name == "hub_token":
+                os.environ.setdefault("HF_TOKEN", value)
+            setattr(config, item.name, None)
+    return config
 
 
 @contextmanager

@@ -51,7 +51,8 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     ctx.backend.verify(model, ctx.plan)
     metrics = dict(training.held_out("before"))
     before = trainable_checksums(model)
-    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    resume = str(ctx.resume_from) if ctx.resume_from else trainer.args.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=resume)
     metrics.update(training.held_out("after"))
     metrics["trainable_changed"] = changed_share(model, before)
     # proof of the placement: 1 when the trainer holds a separate frozen reference model
@@ -67,7 +68,7 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
         history = write_log_history(trainer, ctx.output_dir)
         for key, name in training.curves:
             metrics.update(curve_ends(history, key, name))
-    return StageResult(output=training.output, metrics=metrics)
+    return StageResult(output=training.output, metrics=metrics, steps=trainer.state.global_step)
 
 
 def suffixed(metrics: dict[str, float], phase: str) -> dict[str, float]:

@@ -1,0 +1,57 @@
+"""A small file the running stage keeps current (`logs/progress.json`): the driver's progress line and
+`align status` read it, so the console needs none of the workers' output."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+PROGRESS = "progress.json"
+SHOWN = ("loss", "reward", "rewards/mean", "eval_loss")
+"""Logged values worth a place on the progress line, first found wins."""
+
+
+class ProgressFile(TrainerCallback):
+    """Rank 0 rewrites the file (atomically, at most once a second) with step, total and the last loss."""
+
+    def __init__(self, logs_dir: Path) -> None:
+        self.path = logs_dir / PROGRESS
+        self.started = time.time()
+        self.written = 0.0
+        self.last_value: tuple[str, float] | None = None
+        self.first_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.time()
+        self.first_step = state.global_step  # a resumed run starts past 0
+        self.write(state, force=True)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key in SHOWN:
+            if logs and isinstance(logs.get(key), int | float):
+                self.last_value = (key, float(logs[key]))
+                break
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.write(state)
+
+    def write(self, state, force: bool = False) -> None:
+        if not state.is_world_process_zero or (not force and time.time() - self.written < 1.0):
+            return
+        self.written = time.time()
+        entry = {
+            "step": state.global_step,
+            "max_steps": state.max_steps,
+            "first_step": self.first_step,
+            "started": self.started,
+            "time": self.written,
+            "value": self.last_value,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = self.path.with_suffix(".tmp")
+        scratch.write_text(json.dumps(entry))
+        os.replace(scratch, self.path)
