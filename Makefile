@@ -9,7 +9,7 @@ DEMO     := pipelines/tiny_sft_dpo_merge.yaml
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo test test-slow test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean
+.PHONY: setup demo test test-slow test-faults test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean
 
 setup: $(SETUP)
 
@@ -26,12 +26,16 @@ demo: $(SETUP)
 	$(OFFLINE) $(PY) scripts/generate.py runs/tiny-sft-dpo-merge/merge/model
 
 # `make test` (under 10 min on 2 idle cores) leaves out the `slow` suites: the 2-rank backend runs,
-# submit and smollm2 (tests/conftest.py SLOW_SUITES). `make test-slow` runs them; CI runs both.
+# submit and smollm2 (tests/conftest.py SLOW_SUITES), and the slower injected `faults` (tests/test_faults.py).
+# `make test-slow` and `make test-faults` run them; CI runs all three.
 test: $(SETUP)
-	$(OFFLINE) $(PY) -m pytest -q -m "not slow"
+	$(OFFLINE) $(PY) -m pytest -q -m "not slow and not faults"
 
 test-slow: $(SETUP)
-	$(OFFLINE) $(PY) -m pytest -q -m slow
+	$(OFFLINE) $(PY) -m pytest -q -m "slow and not faults"
+
+test-faults: $(SETUP)
+	$(OFFLINE) $(PY) -m pytest -q -m faults
 
 test-all: $(SETUP)
 	$(OFFLINE) $(PY) -m pytest -q

@@ -78,10 +78,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from align.run.launch import worker_env
     from align.run.lock import check_free
     from align.run.records import stage_dir
-    from align.run.submit import submit
+    from align.run.submit import outside_project, submit
 
     pipeline = build_plan(args).pipeline  # refuse here what `validate` refuses, before it reaches the cluster
     check_free(stage_dir(pipeline.defaults.output_root, pipeline.name, "x").parent)  # a run here holds it
+    elsewhere = outside_project(args.file, pipeline.model_dump(mode="json"), Path.cwd())
+    if elsewhere:
+        print("note: only this folder travels with the job; these paths must exist on the cluster too:")
+        print("\n".join(f"  {path}" for path in elsewhere))
     job_id = submit(
         args.address,
         args.file,
@@ -89,7 +93,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         only=args.stage,
         force=args.force,
         project=Path.cwd(),
-        env=worker_env(),
+        env=worker_env([]),  # the job's working directory is the shipped project
     )
     print(job_id)
     return 0
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except StageFailed as err:
-        print(f"failed: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:
         print("interrupted", file=sys.stderr)

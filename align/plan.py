@@ -68,6 +68,7 @@ class StagePlan:
     memory: MemoryEstimate | None = None
     memory_by_backend: dict[str, MemoryEstimate] = field(default_factory=dict)
     max_failures: int = 2  # lost workers retried, each time from the latest checkpoint
+    remote_code: bool = False  # the pipeline's `allow_custom_code`: models may run their own code
     checkpoint_minutes: float = 30.0
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
@@ -308,6 +309,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         memory_by_backend=by_backend,
         max_failures=pipeline.stage_setting(name, "max_failures"),
         checkpoint_minutes=pipeline.stage_setting(name, "checkpoint_minutes"),
+        remote_code=pipeline.allow_custom_code,
     )
 
 

@@ -1,14 +1,15 @@
 """One small pipeline run (Ray starts once) for two things:
 - full-parameter DPO with precomputed reference log-probs loads no reference copy, and still trains;
-- a stage that fails late (a bad JSON line that validate, reading one row, cannot see) leaves nothing that
-  looks done, keeps its partial outputs, and says why plainly; the stages before it stay published.
+- a stage that fails in its worker (LoRA target modules the model does not have) is not retried, leaves
+  nothing that looks done, keeps its partial outputs, and says why in one line that points at the
+  worker's log, which holds the traceback; the stages before it stay published.
 """
 
 import json
 
 import pytest
 
-from tests.pipelines import PREF_DATA, run, stage, stage_folder, stage_record, write_pipeline
+from tests.pipelines import run, stage, stage_folder, stage_record, write_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -16,17 +17,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def failed_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fails")
-    good = [json.dumps({"prompt": "Hi", "chosen": "Hello!", "rejected": "Whatever."})] * 3
-    bad = folder / "prefs.jsonl"
-    bad.write_text("\n".join([good[0], "{not json", *good[1:]]) + "\n")  # validate reads only row 1
     stages = {
         "sft": stage("sft", steps=2),
         "precomputed": stage("dpo", steps=3, trl={"precompute_ref_log_probs": True}),
-        "dpo": stage("dpo", model="${stages.sft.output}", lora={"r": 4})
-        | {"data": {**PREF_DATA, "train": str(bad)}},
+        "dpo": stage("dpo", model="${stages.sft.output}", lora={"r": 4, "target_modules": ["no_such_proj"]}),
     }
     path = write_pipeline(folder, "fails", stages, backend="ddp", precision="fp32")
-    return path, run(path, expect=2)
+    return path, run(path, expect=1)
 
 
 def test_precomputed_reference_trains_without_a_copy(failed_run):
@@ -39,13 +36,15 @@ def test_precomputed_reference_trains_without_a_copy(failed_run):
     assert metrics["trainable_changed"] == 1.0
 
 
-def test_a_late_data_error_fails_the_stage_cleanly_and_keeps_what_ran(failed_run):
+def test_a_stage_error_fails_once_in_one_line_pointing_at_the_worker_log(failed_run):
     path, done = failed_run
-    assert "stages.dpo.data.train" in done.stderr and "line 2" in done.stderr
-    assert "Traceback" not in done.stderr.split("error:")[-1]
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "stage 'dpo' failed: NoMatchingPeftModuleError: Target modules" in line and "no_such_proj" in line
+    assert "Traceback" not in done.stdout + done.stderr and "retry" not in done.stdout  # not retried
     assert json.loads((stage_folder(path, "sft") / "align-stage.json").read_text())["status"] == "succeeded"
     assert not stage_folder(path, "dpo").exists()  # nothing that looks finished
-    kept = list(stage_folder(path, "dpo").parent.glob(".dpo.failed-*"))
-    assert len(kept) == 1
-    record = json.loads((kept[0] / "align-stage.json").read_text())
-    assert record["status"] == "failed" and "line 2" in record["error"]
+    [kept] = stage_folder(path, "dpo").parent.glob(".dpo.failed-*")
+    log = kept / "logs" / "worker-0.log"
+    assert f"full log: {log}" in done.stderr and "Traceback" in log.read_text()
+    record = json.loads((kept / "align-stage.json").read_text())
+    assert record["status"] == "failed" and "no_such_proj" in record["error"]

@@ -280,7 +280,8 @@ def ray_launcher(
     can stop them should this driver be killed."""
 
     def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
-        connect(address, verbose, messages=scratch.parent / "ray-messages.log")
+        messages = scratch.parent / "ray-messages.log"
+        connect(address, verbose, messages, plan.pipeline.module_roots())
         lock.note_processes()
         return ray_launch(
             plan,

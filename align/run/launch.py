@@ -36,16 +36,23 @@ class LostWorkers(StageFailed):
     """Ray lost a worker (killed, out of memory, node gone): worth retrying from the latest checkpoint."""
 
 
-def worker_env() -> dict[str, str]:
-    """Environment the workers need from the driver (offline switches, caches), and nothing secret."""
+def worker_env(module_roots: list[str]) -> dict[str, str]:
+    """Environment the workers need from the driver (offline switches, caches), and nothing secret.
+
+    A reward function of the user's own (`allow_custom_code`) imports from `module_roots`: where
+    `align` was run and the pipeline file's folder."""
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
-    # a reward function of the user's own (`allow_custom_code`) imports from where `align` was run
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*module_roots, os.environ.get("PYTHONPATH")]))
     # Ray Train's print patch defeats dill's stdout capture, flooding the log with bytecode
     return {**env, "TOKENIZERS_PARALLELISM": "false", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
 
-def connect(address: str | None, verbose: bool = False, messages: Path | None = None) -> None:
+def connect(
+    address: str | None,
+    verbose: bool = False,
+    messages: Path | None = None,
+    module_roots: list[str] | None = None,
+) -> None:
     """Join the named cluster, or start an embedded local Ray: no dashboard, loopback only. Workers'
     output goes to their log files; `verbose` streams it to the console as well. Otherwise Ray's own
     messages to the driver (a worker died, ...) go to the file `messages`: align says it in one line."""
@@ -58,7 +65,7 @@ def connect(address: str | None, verbose: bool = False, messages: Path | None = 
     address = address or os.environ.get("RAY_ADDRESS")
     # Ray's own INFO/WARNING chatter (and the state-API warnings it makes with no dashboard) is noise here
     settings = {
-        "runtime_env": {"env_vars": worker_env()},
+        "runtime_env": {"env_vars": worker_env(module_roots or [os.getcwd()])},
         "log_to_driver": verbose,
         "logging_config": ray.LoggingConfig(log_level="ERROR"),
     }

@@ -6,6 +6,7 @@ import logging
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 from align.errors import AlignError
 
@@ -21,6 +22,24 @@ EXCLUDES = [
     ".ruff_cache",
     "bench/results",
 ]
+
+
+def local_paths(value: Any) -> list[str]:
+    """Every absolute path in a resolved pipeline (data, models, configs, output root) that exists here."""
+    if isinstance(value, dict):
+        return [path for item in value.values() for path in local_paths(item)]
+    if isinstance(value, list):
+        return [path for item in value for path in local_paths(item)]
+    if isinstance(value, str) and value.startswith("/") and Path(value.split("@")[0]).exists():
+        return [value]
+    return []
+
+
+def outside_project(pipeline_file: str, resolved: dict[str, Any], project: Path) -> list[str]:
+    """What the job finds on the cluster only if it shares this machine's files: only the project folder
+    travels with the job, so the pipeline file or any path it names outside that folder must exist there."""
+    paths = {str(Path(pipeline_file).resolve()), *local_paths(resolved)}
+    return sorted(path for path in paths if not Path(path).is_relative_to(project))
 
 
 def client(address: str):

@@ -85,7 +85,11 @@ class StageResult:
 def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
     """The input model with its earlier adapters merged in, loaded the way the backend asks."""
     # a backend may override the dtype (FSDP keeps fp32 shards and computes in bf16)
-    kwargs = {"dtype": ctx.dtype, **ctx.backend.model_kwargs(ctx.plan)}
+    kwargs = {
+        "dtype": ctx.dtype,
+        "trust_remote_code": ctx.plan.remote_code,
+        **ctx.backend.model_kwargs(ctx.plan),
+    }
     if quantize_4bit:
         kwargs["device_map"] = ctx.device_map()
     model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
@@ -113,7 +117,7 @@ def frozen_reference(ctx: StageContext) -> torch.nn.Module | None:
 def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
     """The input model's tokenizer (saved beside every adapter and model align writes)."""
     source = ctx.model_input.adapters[-1] if ctx.model_input.adapters else ctx.model_input.base
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, trust_remote_code=ctx.plan.remote_code)
     tokenizer.padding_side = padding_side
     return tokenizer
 
@@ -190,7 +194,8 @@ def merged_input(ctx: StageContext) -> Iterator[str]:
     if not ctx.model_input.adapters:
         yield ctx.model_input.base
         return
-    model = merge_adapters(load_causal_lm(ctx.model_input.base, dtype=ctx.dtype), ctx.model_input.adapters)
+    base = load_causal_lm(ctx.model_input.base, dtype=ctx.dtype, trust_remote_code=ctx.plan.remote_code)
+    model = merge_adapters(base, ctx.model_input.adapters)
     with tempfile.TemporaryDirectory(prefix=".merged-input-", dir=ctx.output_dir) as folder:
         model.save_pretrained(folder)
         del model

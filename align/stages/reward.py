@@ -33,7 +33,10 @@ def load_reward_model(ctx: StageContext) -> torch.nn.Module:
     set_seed(ctx.plan.seed)  # the score head is random: the same seed gives the same head
     with merged_input(ctx) as folder:
         model = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=1, **{"dtype": ctx.dtype, **ctx.backend.model_kwargs(ctx.plan)}
+            folder,
+            num_labels=1,
+            trust_remote_code=ctx.plan.remote_code,
+            **{"dtype": ctx.dtype, **ctx.backend.model_kwargs(ctx.plan)},
         )
     return ctx.backend.prepare(model, ctx.plan)
 

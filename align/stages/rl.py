@@ -26,11 +26,11 @@ EVAL_ROWS = 64  # held-out prompts taken from the train data when the stage has 
 GENERATION_CHUNK = 64
 
 
-def reward_model_problem(folder: str) -> str | None:
+def reward_model_problem(folder: str, remote_code: bool = False) -> str | None:
     """Why a folder is not a reward model (a sequence-classification head with one label), or None."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=remote_code)
     architectures = config.architectures or []
     classifier = any(name.endswith("ForSequenceClassification") for name in architectures)
     if classifier and config.num_labels == 1:
@@ -51,13 +51,16 @@ def frozen_reward_model(ctx: StageContext, folder: str, where: str, *, placed: b
     """
     from transformers import AutoModelForSequenceClassification
 
-    if (problem := reward_model_problem(folder)) is not None:
+    remote_code = ctx.plan.remote_code
+    if (problem := reward_model_problem(folder, remote_code)) is not None:
         raise ModelError(f"{where}.model: {problem}")
     kwargs = {"dtype": ctx.dtype, **(ctx.backend.model_kwargs(ctx.plan) if placed else {})}
-    model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        folder, trust_remote_code=remote_code, **kwargs
+    )
     if placed:
         model = ctx.backend.prepare(model, ctx.plan)
-    return model.requires_grad_(False).eval(), load_tokenizer(folder)
+    return model.requires_grad_(False).eval(), load_tokenizer(folder, trust_remote_code=remote_code)
 
 
 @dataclass
