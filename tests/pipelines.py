@@ -73,8 +73,9 @@ def run(
 
 
 def stage_folder(path: Path, stage_name: str) -> Path:
+    """Where a stage of the pipeline file publishes; a relative output root is read from the file's folder."""
     body = yaml.safe_load(path.read_text())
-    return Path(body["defaults"]["output_root"]) / body["name"] / stage_name
+    return path.parent / body["defaults"]["output_root"] / body["name"] / stage_name
 
 
 def stage_record(path: Path, stage_name: str) -> dict:

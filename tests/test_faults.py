@@ -29,8 +29,8 @@ pytestmark = pytest.mark.integration
 
 SECRET = "hf_notARealTokenButSecret123"
 ENV_SECRET = "wandb_env_secret_456"
-TRL = {**QUIET_TRL, "max_steps": 40, "per_device_train_batch_size": 2, "learning_rate": 1e-3}
 CHECKPOINTS = {"save_strategy": "steps", "save_steps": 8}
+TRL = {**QUIET_TRL, **CHECKPOINTS, "max_steps": 40, "per_device_train_batch_size": 2, "learning_rate": 1e-3}
 KILL_AFTER = 12  # past the first checkpoint, well before the end
 
 
@@ -133,12 +133,12 @@ def test_a_killed_worker_is_replaced_and_training_continues_from_the_checkpoint(
     proc = start(path, cwd=data)
     pipeline_dir = path.parent / "runs" / "workerkill"
     wait_for_step(pipeline_dir, KILL_AFTER, proc)
-    second = start(path, cwd=data)  # a run started by mistake while this one trains
-    _, refused = finish(second, expect=2, timeout=120)
-    assert f"in use by another run: `align run {path}`, PID {proc.pid}" in refused
     workers = train_workers(proc.pid)
     assert len(workers) == 2
     workers[-1].kill()
+    second = start(path, cwd=data)  # a run started by mistake while the first retries
+    _, refused = finish(second, expect=2, timeout=120)
+    assert f"in use by another run: `align run {path}`, PID {proc.pid}" in refused
     out, err = finish(proc)
     record = stage_record(path, "sft")
     assert record["retries"] == 1 and record["attempts"][1]["resumed_from"] >= 8
@@ -156,9 +156,10 @@ def test_a_killed_driver_is_resumed_by_the_next_run_from_another_folder(data, ba
     proc = start(relative, cwd=elsewhere)
     pipeline_dir = data / "runs" / "driverkill"
     wait_for_step(pipeline_dir, KILL_AFTER, proc)
-    below = descendants(proc.pid)
+    below, workers = descendants(proc.pid), train_workers(proc.pid)
     proc.kill()
     proc.wait()
+    assert all_gone(workers, seconds=30)  # they die with the embedded Ray; its agents outlive the driver
     [attempt] = pipeline_dir.glob(".sft.tmp-*")
     step, checkpoint = latest_complete(attempt)
     (checkpoint / COMPLETE).unlink()  # as if the driver died while writing it: torn, never used
