@@ -6,8 +6,18 @@ import re
 from typing import Any
 
 SECRET_NAME = re.compile(r"(^|_)(token|key|secret|password|credentials?)$|api_key|access_key", re.IGNORECASE)
-SPECIAL_TOKENS = {"pad_token", "eos_token", "bos_token", "unk_token", "sep_token", "cls_token", "mask_token"}
-"""Tokenizer settings whose names end in `_token` but hold a vocabulary entry, not a secret."""
+SPECIAL_TOKENS = {
+    "pad_token",
+    "eos_token",
+    "bos_token",
+    "unk_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+    "stop_token",
+}
+"""Tokenizer and generation settings whose names end in `_token` but hold a vocabulary entry, not a secret
+(PPO's `stop_token: eos` emptied as a secret made generation run past the end of every completion)."""
 MASK = "***"
 
 

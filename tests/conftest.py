@@ -10,9 +10,17 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-SLOW_SUITES = {"test_equivalence", "test_zero2", "test_fsdp", "test_ppo", "test_submit", "test_models"}
+SLOW_SUITES = {
+    "test_equivalence",
+    "test_zero2",
+    "test_fsdp",
+    "test_ppo",
+    "test_submit",
+    "test_models",
+    "test_kto",
+}
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
-submit test and the smollm2 conversion: their integration tests are `slow`, outside `make test` and run
+submit test, the smollm2 conversion and the KTO pipeline: their integration tests are `slow`, outside `make test` and run
 by `make test-slow` (CI runs both). Their unit tests stay in `make test`."""
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from align.evaluation import completion_logprob, training_text
+from align.evaluation import completion_logprob, preference_scores, training_text
 from align.models import load_causal_lm, load_tokenizer, resolve_model
+from align.stages.context import explicit_prompt
 
 
 def test_standard_rows_are_plain_text_and_conversational_rows_use_the_chat_template() -> None:
@@ -36,3 +37,29 @@ def test_a_standard_reply_is_scored_on_the_tokens_that_follow_its_plain_prompt()
         model, tokenizer, [{"role": "user", "content": prompt}], [{"role": "assistant", "content": reply}], 64
     )
     assert chat != float(expected)  # a different text: the case the old scoring got wrong
+
+
+@torch.no_grad()
+def test_implicit_prompt_pairs_are_split_as_trl_splits_them_and_score_like_explicit_ones() -> None:
+    """`chosen`/`rejected` holding the prompt (TRL's implicit-prompt format), as conversations and as text:
+    once split, scoring matches the explicit row; unsplit, scoring crashed on an empty conversation."""
+    from datasets import Dataset
+
+    folder = resolve_model("tiny")
+    tokenizer, model = load_tokenizer(folder), load_causal_lm(folder).eval()
+    user = [{"role": "user", "content": "Are you sad?"}]
+    chosen, rejected = (
+        [{"role": "assistant", "content": "No, happy."}],
+        [{"role": "assistant", "content": "Go."}],
+    )
+    explicit = {"prompt": user, "chosen": chosen, "rejected": rejected}
+    conversational = {"chosen": user + chosen, "rejected": user + rejected}
+    text = {"chosen": "Are you sad? No, happy.", "rejected": "Are you sad? Go."}
+    [split] = explicit_prompt(Dataset.from_list([conversational]))
+    assert split == explicit
+    assert preference_scores(model, tokenizer, [split]) == preference_scores(model, tokenizer, [explicit])
+    [split_text] = explicit_prompt(Dataset.from_list([text]))
+    assert split_text["prompt"] + split_text["chosen"] == text["chosen"] and split_text["prompt"].startswith(
+        "Are"
+    )
+    assert explicit_prompt(Dataset.from_list([explicit]))[0] == explicit  # explicit rows stay as they are

@@ -11,7 +11,7 @@ import pytest
 
 from tests.pipelines import run, stage, stage_folder, stage_record, write_pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]  # make test-faults
 
 
 @pytest.fixture(scope="module")

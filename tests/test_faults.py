@@ -100,7 +100,7 @@ def all_gone(processes: list[psutil.Process], seconds: float = 15) -> bool:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """The training rows as a plain jsonl of the user's own, in a project folder with a pipelines/ subfolder."""
+    """The training rows as a plain jsonl of the user's own, in a project folder."""
     project = tmp_path_factory.mktemp("project")
     (project / "data").mkdir()
     rows = builtin_path("align:chatterbot/sft/train").read_text().splitlines()[:256]

@@ -63,7 +63,7 @@ def test_stage_folders_hold_exactly_the_expected_files(demo_run):
     assert listing == {
         "sft": [RECORD, "logs", "model"],
         "dpo": ["adapter", RECORD, "logs"],
-        "merge": [RECORD, "model"],
+        "merge": [RECORD, "logs", "model"],  # logs: its worker log
     }
     tokenizer_files = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
     assert {"config.json", "model.safetensors", *tokenizer_files} <= {
@@ -76,8 +76,12 @@ def test_stage_folders_hold_exactly_the_expected_files(demo_run):
         assert sorted(p.name for p in (folder / trained / "logs").iterdir()) == [
             "metrics.jsonl",
             "placement-rank0.json",
+            "progress.json",
+            "worker-0.log",
         ]
-    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name != ".ray"]
+    assert sorted(p.name for p in (folder / "merge" / "logs").iterdir()) == ["worker-0.log"]
+    hidden = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+    assert hidden == [".align-run.lock", ".ray"]  # the run lock (empty once released) and Ray's own
 
 
 def test_records_say_what_produced_each_stage(demo_run):

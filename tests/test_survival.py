@@ -219,3 +219,24 @@ def test_a_read_only_output_root_is_one_clear_line(pipeline, tmp_path):
             run_plan(plan, launch=Script(([], None)))
     finally:
         subprocess.run(["umount", str(root)])
+
+
+def test_only_secrets_leave_a_trl_config_and_the_hub_token_moves_to_the_environment(monkeypatch, tmp_path):
+    """Every secret-named field of every stage kind's TRL config: `hub_token` is emptied (it is pickled into
+    training_args.bin) and handed to the hub client through HF_TOKEN; tokenizer and generation `*_token`
+    settings (`pad_token`, `eos_token`, PPO's `stop_token`) are not secrets and stay as set."""
+    import dataclasses
+
+    from align.secrets import is_secret_name
+    from align.spec import KINDS
+    from align.stages.context import without_secrets
+    from align.trl_args import config_class
+
+    kinds = [name for name, kind in KINDS.items() if kind.config]
+    names = {field.name for kind in kinds for field in dataclasses.fields(config_class(kind))}
+    assert sorted(n for n in names if is_secret_name(n)) == ["hub_token"]
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    config = without_secrets(
+        config_class("ppo")(output_dir=str(tmp_path), use_cpu=True, hub_token="hf_secret", stop_token="eos")
+    )
+    assert config.hub_token is None and config.stop_token == "eos" and os.environ["HF_TOKEN"] == "hf_secret"

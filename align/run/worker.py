@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -78,9 +79,12 @@ def run_stage(config: dict[str, Any], rank: int, output_dir: Path) -> None:
     context = StageContext(plan=plan, output_dir=output_dir, rank=rank, resume_from=resume)
     try:
         result = runner_for(plan.kind).run(context)
-    except AlignError as err:  # a user error found late (bad data rows): the driver reports it plainly
+    except AlignError as err:  # a user error found late: the driver reports it plainly
         if rank == 0:
             (output_dir / ERROR).write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
+        raise
+    except BaseException:
+        traceback.print_exc()  # into this rank's log, which the driver's one-line error points at
         raise
     if rank == 0:
         (output_dir / RESULT).write_text(json.dumps(asdict(result)))

@@ -140,12 +140,12 @@ def peft_config(lora: LoraSpec | None):
 def stage_data(ctx: StageContext) -> tuple[Any, Any]:
     """Train and eval datasets of the plan's data kind, trimmed to the row limits the stage sets."""
     stage, kind, where = ctx.plan.stage, ctx.plan.data_kind, ctx.plan.where
-    train = load_data(stage.data.train, kind, f"{where}.data.train")
+    train = explicit_prompt(load_data(stage.data.train, kind, f"{where}.data.train"))
     if stage.data.max_train_rows:
         train = train.select(range(min(stage.data.max_train_rows, len(train))))
     if stage.data.eval is None:
         return train, None
-    evaluation = load_data(stage.data.eval, kind, f"{where}.data.eval")
+    evaluation = explicit_prompt(load_data(stage.data.eval, kind, f"{where}.data.eval"))
     if stage.data.max_eval_rows:
         evaluation = evaluation.select(range(min(stage.data.max_eval_rows, len(evaluation))))
     return train, evaluation
@@ -153,6 +153,16 @@ def stage_data(ctx: StageContext) -> tuple[Any, Any]:
 
 CHECKPOINT_DEFAULTS = {"save_total_limit": 2}
 """Unless the `trl:` block says otherwise: keep the last two complete checkpoints, not every one."""
+
+
+def explicit_prompt(dataset: Any) -> Any:
+    """Preference pairs with an implicit prompt (the shared start of `chosen` and `rejected`, TRL's format)
+    split as TRL splits them, so the trainer and align's held-out scoring read the same prompt."""
+    if "prompt" in dataset.column_names or "chosen" not in dataset.column_names:
+        return dataset
+    from trl.data_utils import maybe_extract_prompt
+
+    return dataset.map(maybe_extract_prompt)
 
 
 def stage_config(ctx: StageContext, overrides: dict[str, Any] | None = None) -> Any:
