@@ -37,7 +37,7 @@ PLAN_SETTINGS = (
     "precompute_ref_log_probs",
 )
 """The config values the plan reads (memory, placement): cached with each check's verdict."""
-CHECK_FORMAT = 1  # bump when what a cached check holds changes
+CHECK_FORMAT = 2  # bump when what a cached check holds changes
 OWNED_BY_ALIGN = {
     "output_dir": "outputs go to <output_root>/<pipeline>/<stage>; set defaults.output_root",
     "seed": "set defaults.seed",
@@ -85,8 +85,17 @@ def check_value(annotation: Any, value: Any) -> tuple[Any, str | None]:
     try:
         return adapter.validate_python(value, strict=False), None
     except ValidationError as err:
+        if not isinstance(value, list) and takes_a_list(annotation):  # TRL lists one value itself
+            as_list, problem = check_value(annotation, [value])
+            if problem is None:
+                return as_list, None
         message = err.errors()[0]["msg"]
         return value, f"{message[0].lower()}{message[1:]} (got {value!r})"
+
+
+def takes_a_list(annotation: Any) -> bool:
+    """Whether a field's type is a list (or an optional one): `loss_type: ipo` means `[ipo]` to TRL."""
+    return list in (typing.get_origin(annotation), *map(typing.get_origin, typing.get_args(annotation)))
 
 
 def coerce(kind: str, block: dict[str, Any]) -> dict[str, Any]:

@@ -244,6 +244,17 @@ def test_set_values_are_parsed_as_yaml(capsys: pytest.CaptureFixture[str]) -> No
     assert "valid pipeline 'tiny-sft-dpo-merge'" in out
 
 
+def test_a_list_field_takes_one_value_as_trl_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """DPOConfig.loss_type is a list; TRL itself accepts `loss_type: ipo` and lists it."""
+    from align.trl_args import coerce
+
+    code, _, err = validate(capsys, DEMO, "stages.dpo.trl.loss_type=ipo")
+    assert code == 0, err
+    assert coerce("dpo", {"loss_type": "ipo"}) == {"loss_type": ["ipo"]}
+    code, _, err = validate(capsys, DEMO, "stages.dpo.trl.loss_type=3")
+    assert code == 2 and "stages.dpo.trl.loss_type: input should be a valid list (got 3)" in err
+
+
 def test_set_can_introduce_a_defect_the_file_lacks(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = validate(capsys, DEMO, "stages.dpo.lora=null")
     assert code == 2

@@ -22,8 +22,8 @@ class PPOConfig(TrainingArguments):
     num_mini_batches: int = 1
     max_completion_length: int = 64
     temperature: float = 0.7
-    top_k: int = 0
-    top_p: float = 1.0
+    top_k: int = 0  # refused unless 0: see __post_init__
+    top_p: float = 1.0  # refused unless 1.0
     stop_token: str | None = "eos"  # "eos": a completion ends at the tokenizer's EOS; None: full length
     missing_eos_penalty: float | None = 1.0  # off a completion that never ended (stop_token "eos")
     kl_coef: float = 0.05  # the KL penalty's starting weight
@@ -46,9 +46,15 @@ class PPOConfig(TrainingArguments):
         for name in ("temperature", "cliprange", "cliprange_value", "kl_horizon"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0 (got {getattr(self, name)})")
-        for name in ("gamma", "lam", "top_p"):
+        for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be between 0 and 1 (got {getattr(self, name)})")
+        if self.top_k != 0 or self.top_p != 1.0:
+            raise ValueError(
+                f"top_k/top_p (got {self.top_k}/{self.top_p}): PPO scores its samples under the full softmax "
+                "at `temperature`, so truncated sampling would make its log-probs and KL those of another "
+                "distribution; leave top_k at 0 and top_p at 1.0, and use temperature"
+            )
         if self.kl_coef < 0 or (self.kl_target is not None and self.kl_target <= 0):
             raise ValueError("kl_coef must be 0 or more, and kl_target above 0 when set")
         if self.stop_token not in ("eos", None):

@@ -3,6 +3,8 @@ stages' held-out reward measurement, so both see completions made the same way."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,22 @@ def cut_at_stop(tokens: torch.Tensor, stop_id: int | None, pad_id: int) -> tuple
     return tokens.masked_fill(mask == 0, pad_id), mask, ended
 
 
+@contextmanager
+def only_these_settings(model: Any) -> Iterator[None]:
+    """Sample with exactly the settings `generate` is given: `generate` fills every unset one (a
+    `repetition_penalty`, a `top_k`) from the checkpoint's generation_config.json, which would make the
+    samples come from another distribution than the one their log-probs are computed under."""
+    from transformers import GenerationConfig
+
+    owner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = owner.generation_config
+    owner.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        owner.generation_config = saved
+
+
 @torch.no_grad()
 def generate(
     model: Any,
@@ -69,18 +87,19 @@ def generate(
     texts = [prompt_text(prompt, tokenizer) for prompt in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     stop_id = tokenizer.eos_token_id if stop_at_eos else None
-    output = model.generate(
-        **batch,
-        do_sample=True,
-        temperature=temperature,
-        top_k=top_k or None,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0 if stop_at_eos else max_new_tokens,
-        eos_token_id=stop_id,
-        pad_token_id=tokenizer.pad_token_id,
-        synced_gpus=synced,
-    )
+    with only_these_settings(model):
+        output = model.generate(
+            **batch,
+            do_sample=True,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0 if stop_at_eos else max_new_tokens,
+            eos_token_id=stop_id,
+            pad_token_id=tokenizer.pad_token_id,
+            synced_gpus=synced,
+        )
     new_tokens = output[:, batch["input_ids"].shape[1] :]
     if new_tokens.shape[1] < max_new_tokens:  # every completion stopped early
         pad = new_tokens.new_full(
