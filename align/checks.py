@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from align.data import NO_EVAL
 from align.data_scan import check_data
 from align.errors import Problem
 from align.graph import order, reference_target, references
@@ -51,7 +52,9 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
         for split in ("train", "eval"):
             ref = getattr(stage.data, split)
             path = f"stages.{name}.data.{split}"
-            if ref is not None and (message := check_data(ref, KINDS[stage.kind].data, path)) is not None:
+            if ref in (None, NO_EVAL):
+                continue
+            if (message := check_data(ref, KINDS[stage.kind].data, path)) is not None:
                 problems.append(Problem(path, message))
     return problems
 

@@ -17,6 +17,7 @@ from align.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
 from align.errors import DataError
 from align.fingerprint import file_digest
 
+NO_EVAL = "none"  # `eval: none`: no held-out measurement at all
 HUB_PREFIX = "hf:"  # hf:org/name@split: a hub dataset, loaded where a hub is reachable
 PAIRED = [("prompt", "chosen", "rejected"), ("chosen", "rejected")]
 DATA_COLUMNS: dict[str, list[tuple[str, ...]]] = {
@@ -52,7 +53,7 @@ def split_ref(ref: str, base: Path | None = None) -> tuple[Path, str | None]:
 
 def data_location(ref: str, base: Path) -> str:
     """A data ref with its path made absolute against `base`; builtins and hub refs unchanged."""
-    if ref.startswith((BUILTIN_PREFIX, HUB_PREFIX)):
+    if ref.startswith((BUILTIN_PREFIX, HUB_PREFIX)) or ref == NO_EVAL:
         return ref
     path, split = split_ref(ref, base)
     return str(path) if split is None else f"{path}@{split}"

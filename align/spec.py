@@ -37,7 +37,7 @@ class DataSpec(Strict):
     """A stage's data: a builtin (`align:...`), a jsonl/parquet file, or a `datasets` folder."""
 
     train: str
-    eval: str | None = None
+    eval: str | None = None  # None: a held-out slice of train (align/stages/context.py); "none": no held-out
     max_train_rows: Annotated[int, Field(gt=0)] | None = None
     max_eval_rows: Annotated[int, Field(gt=0)] | None = None
 

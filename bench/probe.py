@@ -321,7 +321,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
     from align.backends import BACKENDS
     from align.run.worker import quiet_libraries
-    from align.stages import runner_for
+    from align.stages import run_seeded
     from align.stages.context import StageContext
 
     quiet_libraries()
@@ -332,4 +332,4 @@ def train_loop(config: dict[str, Any]) -> None:
         rank=int(os.environ.get("RANK", "0")),
         backend=ProbedBackend(BACKENDS[plan.backend], current_rss()),
     )
-    runner_for(plan.kind).run(context)
+    run_seeded(context)

@@ -18,10 +18,12 @@ SLOW_SUITES = {
     "test_submit",
     "test_models",
     "test_kto",
+    "test_seeding",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
-submit test, the smollm2 conversion and the KTO pipeline: their integration tests are `slow`, outside
-`make test` and run by `make test-slow` (CI runs both). Their unit tests stay in `make test`."""
+submit test, the smollm2 conversion, the KTO pipeline and the three seeded DPO runs: their integration
+tests are `slow`, outside `make test` and run by `make test-slow` (CI runs both). Their unit tests stay in
+`make test`."""
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ from align.hardware import Hardware
 from align.pipeline_file import load
 from align.plan import build
 from align.run.controller import resolve_inputs
-from align.stages import runner_for
+from align.stages import run_seeded
 from align.stages.context import StageContext
 
 PINNED = [7.641739, 7.515624, 7.464664, 7.395248, 7.392408, 7.334731]
@@ -48,7 +48,7 @@ def sft_losses(folder: Path) -> list[float]:
     path.write_text(yaml.safe_dump(body))
     plan = build(load(path), CPU).stages["sft"]
     plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
-    runner_for("sft").run(StageContext(plan=plan, output_dir=folder / "out"))
+    run_seeded(StageContext(plan=plan, output_dir=folder / "out"))
     lines = (folder / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
     return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
 

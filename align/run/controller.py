@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from align.checkpoints import latest_complete, remove_torn
+from align.data import NO_EVAL
 from align.errors import AlignError, Interrupted, StageFailed
 from align.fingerprint import digest
 from align.graph import downstream, reference_target, upstream
@@ -75,7 +76,7 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
 
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
-    splits = (("train", data.train), ("eval", data.eval)) if data else ()
+    splits = (("train", data.train), ("eval", data.eval if data.eval != NO_EVAL else None)) if data else ()
     inputs = stage.inputs
     own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
     return digest(

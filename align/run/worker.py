@@ -70,7 +70,7 @@ def train_loop(config: dict[str, Any]) -> None:
 
 def run_stage(config: dict[str, Any], rank: int, output_dir: Path) -> None:
     from align.errors import AlignError
-    from align.stages import runner_for
+    from align.stages import run_seeded
     from align.stages.context import StageContext
 
     quiet_libraries()
@@ -78,7 +78,7 @@ def run_stage(config: dict[str, Any], rank: int, output_dir: Path) -> None:
     resume = Path(config["resume"]) if config.get("resume") else None
     context = StageContext(plan=plan, output_dir=output_dir, rank=rank, resume_from=resume)
     try:
-        result = runner_for(plan.kind).run(context)
+        result = run_seeded(context)
     except AlignError as err:  # a user error found late: the driver reports it plainly
         if rank == 0:
             (output_dir / ERROR).write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))

@@ -20,7 +20,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.training import Training, suffixed, train_stage
+from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -42,12 +42,23 @@ def run(ctx: StageContext) -> StageResult:
         callbacks=ctx.callbacks(),
         peft_config=peft_config(lora),
     )
-    held_out = evaluation if evaluation is not None else train
 
     def scores(phase: str) -> dict[str, float]:
+        """Two judgements of the held-out pairs: the policy's own log-probs (`preference_*`), and DPO's
+        implicit reward against the reference (`dpo_reward_*`, what TRL reports as rewards/accuracies and
+        rewards/margins; zero before training, when the policy is the reference)."""
+        own = preference_scores(trainer.model, tokenizer, evaluation, config.max_length or 1024)
+        trainer.evaluate()  # TRL logs its DPO metrics rather than returning them
+        logged = trainer.state.log_history[-1]
         return suffixed(
-            preference_scores(trainer.model, tokenizer, held_out, config.max_length or 1024), phase
+            {
+                **own,
+                "dpo_reward_accuracy": logged["eval_rewards/accuracies"],
+                "dpo_reward_margin": logged["eval_rewards/margins"],
+            },
+            phase,
         )
 
     output = "adapter" if lora else "model"
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=scores))
+    measure = scores if evaluation is not None else no_measure
+    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure))

@@ -18,8 +18,8 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.rl import held_out_rewards, held_out_rows, stage_rewards
-from align.stages.training import Training, suffixed, train_stage
+from align.stages.rl import held_out_rewards, stage_rewards
+from align.stages.training import Training, no_measure, suffixed, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 
@@ -56,7 +56,7 @@ def run(ctx: StageContext) -> StageResult:
             callbacks=ctx.callbacks(),
             peft_config=peft_config(lora),
         )
-    held_out = held_out_rows(train, evaluation)
+    held_out = evaluation
 
     def mean_rewards(phase: str) -> dict[str, float]:
         return suffixed(
@@ -64,5 +64,6 @@ def run(ctx: StageContext) -> StageResult:
         )
 
     output = "adapter" if lora else "model"
-    training = Training(trainer, tokenizer, output, held_out=mean_rewards, curves=(("reward", "reward"),))
+    measure = mean_rewards if held_out is not None else no_measure
+    training = Training(trainer, tokenizer, output, held_out=measure, curves=(("reward", "reward"),))
     return train_stage(ctx, training)

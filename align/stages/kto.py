@@ -29,7 +29,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.training import Training, suffixed, train_stage
+from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -41,10 +41,10 @@ def run(ctx: StageContext) -> StageResult:
     train, evaluation = stage_data(ctx)
     train = prompted(train, f"{where}.data.train")
     evaluation = None if evaluation is None else prompted(evaluation, f"{where}.data.eval")
-    held_out = evaluation if evaluation is not None else train
-    paired = is_paired(held_out)
-    if not paired:
-        both_labels(held_out, f"{where}.data.{'eval' if evaluation is not None else 'train'}")
+    held_out = evaluation
+    paired = held_out is not None and is_paired(held_out)
+    if held_out is not None and not paired:
+        both_labels(held_out, f"{where}.data.{'eval' if ctx.plan.stage.data.eval else 'train'}")
     precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
     config = stage_config(ctx, {"precompute_ref_log_probs": True} if precompute else None)
     tokenizer = stage_tokenizer(ctx)  # TRL's collator pads right itself; a missing pad token becomes EOS
@@ -71,7 +71,8 @@ def run(ctx: StageContext) -> StageResult:
 
     output = "adapter" if lora else "model"
     curves = (("loss", "loss"), ("kl", "kl"), ("rewards/margins", "reward_margin"))
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=scores, curves=curves))
+    measure = scores if held_out is not None else no_measure
+    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure, curves=curves))
 
 
 def is_paired(dataset: Any) -> bool:

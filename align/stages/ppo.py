@@ -25,8 +25,8 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.rl import Rewards, held_out_rewards, held_out_rows, stage_rewards
-from align.stages.training import Training, suffixed, train_stage
+from align.stages.rl import Rewards, held_out_rewards, stage_rewards
+from align.stages.training import Training, no_measure, suffixed, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
 
@@ -78,11 +78,12 @@ def run(ctx: StageContext) -> StageResult:
         processing_class=tokenizer,
         callbacks=ctx.callbacks(),
     )
-    held_out = held_out_rows(train, evaluation)
+    held_out = evaluation
 
     def mean_rewards(phase: str) -> dict[str, float]:
         return suffixed(held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed), phase)
 
     output = "adapter" if ctx.plan.stage.lora else "model"
     curves = (("reward", "reward"), ("objective/kl", "kl"))
-    return train_stage(ctx, Training(trainer, tokenizer, output, mean_rewards, curves, model=model))
+    measure = mean_rewards if held_out is not None else no_measure
+    return train_stage(ctx, Training(trainer, tokenizer, output, measure, curves, model=model))

@@ -23,7 +23,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.training import Training, train_stage
+from align.stages.training import Training, no_measure, train_stage
 
 
 def load_reward_model(ctx: StageContext) -> torch.nn.Module:
@@ -88,7 +88,7 @@ def run(ctx: StageContext) -> StageResult:
         callbacks=ctx.callbacks(),
         peft_config=lora_config,
     )
-    held_out = evaluation if evaluation is not None else train
+    held_out = evaluation
 
     def accuracy(phase: str) -> dict[str, float]:
         value = pairwise_accuracy(trainer.model, tokenizer, held_out, config.max_length or 1024)
@@ -101,4 +101,5 @@ def run(ctx: StageContext) -> StageResult:
         elif ctx.is_main:
             trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(folder))
 
-    return train_stage(ctx, Training(trainer, tokenizer, "model", held_out=accuracy, save=save))
+    measure = accuracy if held_out is not None else no_measure
+    return train_stage(ctx, Training(trainer, tokenizer, "model", held_out=measure, save=save))

@@ -22,7 +22,6 @@ from align.stages.context import StageContext
 from align.trainers.sampling import decode, generate
 
 EVAL_SAMPLES = 4  # completions per held-out prompt
-EVAL_ROWS = 64  # held-out prompts taken from the train data when the stage has no eval data
 GENERATION_CHUNK = 64
 
 
@@ -150,11 +149,6 @@ def sample_completions(policy: Any, tokenizer: Any, prompts: list[Any], config: 
             )
             completions += decode(tokenizer, sampled, chunk)
     return completions
-
-
-def held_out_rows(train: Any, evaluation: Any) -> Any:
-    """The stage's eval prompts, else the first train prompts."""
-    return evaluation if evaluation is not None else train.select(range(min(EVAL_ROWS, len(train))))
 
 
 @torch.no_grad()
