@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from align.data import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.memory import format_bytes
 from align.plan import Plan
 
@@ -14,6 +15,9 @@ SHOWN_METRICS = (
     "preference_accuracy_after",
     "preference_margin_before",
     "preference_margin_after",
+    "dpo_reward_accuracy_before",
+    "dpo_reward_accuracy_after",
+    "dpo_reward_margin_after",
     "label_margin_before",
     "label_margin_after",
     "merge_max_abs_logit_delta",
@@ -42,13 +46,26 @@ def memory_table(stage) -> list[str]:
     return lines
 
 
+def held_out_source(stage) -> str | None:
+    """What a training stage measures before and after training, in words."""
+    data = getattr(stage.stage, "data", None)
+    if data is None:
+        return None
+    if data.eval == NO_EVAL:
+        return "nothing (eval: none)"
+    if data.eval is None:
+        return (
+            f"a seeded {HELD_OUT_SHARE:.0%} of the training rows (at most {HELD_OUT_ROWS}), kept out of "
+            "training (no eval split given)"
+        )
+    return f"the eval split {data.eval}"
+
+
 def format_plan(plan: Plan) -> str:
     """Stages in order with kind, model source, backend (and why), workers, placement and memory."""
-    hardware = "GPU" if plan.hardware.accelerator else "CPU"
-    lines = [
-        f"pipeline {plan.pipeline.name}: {len(plan.order)} stages on {hardware}, "
-        f"{format_bytes(plan.hardware.device_memory)} per device"
-    ]
+    memory = format_bytes(plan.hardware.device_memory)
+    where = f"GPU, {memory} per device" if plan.hardware.accelerator else f"CPU, {memory} of host memory"
+    lines = [f"pipeline {plan.pipeline.name}: {len(plan.order)} stages on {where}"]
     for index, name in enumerate(plan.order, 1):
         stage = plan.stages[name]
         lines.append(
@@ -56,6 +73,8 @@ def format_plan(plan: Plan) -> str:
             f"workers={stage.workers}  precision={stage.precision}"
         )
         lines.append(f"    why {stage.backend}: {stage.backend_reason}")
+        if (held_out := held_out_source(stage)) is not None:
+            lines.append(f"    held out: {held_out}")
         lines += [f"    {role}: {where}" for role, where in stage.placement.description.items()]
         lines += memory_table(stage)
     return "\n".join(lines)

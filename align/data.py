@@ -18,6 +18,9 @@ from align.errors import DataError
 from align.fingerprint import file_digest
 
 NO_EVAL = "none"  # `eval: none`: no held-out measurement at all
+HELD_OUT_SHARE = 0.05  # without an eval split, this share of train is held out of training and measured
+HELD_OUT_ROWS = 64  # at most: held-out scoring runs before and after training
+HELD_OUT_MIN_TRAIN = 40  # rows below which nothing is held out: the slice would starve training
 HUB_PREFIX = "hf:"  # hf:org/name@split: a hub dataset, loaded where a hub is reachable
 PAIRED = [("prompt", "chosen", "rejected"), ("chosen", "rejected")]
 DATA_COLUMNS: dict[str, list[tuple[str, ...]]] = {

@@ -14,7 +14,7 @@ import torch
 
 from align.backends import BACKENDS, Backend
 from align.checkpoints import CHECKPOINTS
-from align.data import NO_EVAL, load_data
+from align.data import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
 from align.models import load_causal_lm, load_tokenizer
 from align.placement import REFERENCE_COPY
 from align.plan import ModelInput, StagePlan
@@ -135,11 +135,6 @@ def peft_config(lora: LoraSpec | None):
         target_modules=lora.target_modules,
         task_type="CAUSAL_LM",
     )
-
-
-HELD_OUT_SHARE = 0.05
-HELD_OUT_ROWS = 64  # at most: held-out scoring runs before and after training
-HELD_OUT_MIN_TRAIN = 40  # rows below which nothing is held out: the slice would starve training
 
 
 def stage_data(ctx: StageContext) -> tuple[Any, Any]:

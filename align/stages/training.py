@@ -126,6 +126,6 @@ def curve_ends(history: list[dict[str, Any]], key: str, name: str) -> dict[str, 
     """First and last logged value of `key` as `train_<name>_first/last`: the two numbers that say
     whether training worked."""
     values = [entry[key] for entry in history if key in entry]
-    if not values:
-        return {}
+    if len(values) < 2:  # one log says nothing about a trend: first == last would read as "no learning"
+        return {f"train_{name}_mean": float(values[0])} if values else {}
     return {f"train_{name}_first": float(values[0]), f"train_{name}_last": float(values[-1])}
