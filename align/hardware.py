@@ -42,8 +42,13 @@ class Hardware:
         real_gpu = gpu_memory is not None
         gpu = real_gpu or (planning and device_memory is not None)
         bf16 = gpu and (gpu_bf16 if real_gpu else True)
-        memory = memory or gpu_memory or parse_memory(DEFAULT_DEVICE_MEMORY)
+        memory = memory or gpu_memory or (parse_memory(DEFAULT_DEVICE_MEMORY) if gpu else host_memory())
         return cls(accelerator=gpu, device_memory=memory, bf16=bf16)
+
+
+def host_memory() -> int:
+    """This machine's RAM: where a CPU-only run keeps everything."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def nvidia_driver_present() -> bool:
