@@ -68,6 +68,13 @@ class StageContext:
             *checkpoint_callbacks(self.plan.checkpoint_minutes),
         ]
 
+    @property
+    def device(self) -> torch.device:
+        """The training device of this rank: its GPU, or the CPU."""
+        if self.plan.accelerator:
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+
     def device_map(self) -> str | dict[str, int]:
         """Where 4-bit weights go at load time: this rank's GPU, or the CPU when the plan has none."""
         return {"": int(os.environ.get("LOCAL_RANK", "0"))} if self.plan.accelerator else "cpu"
@@ -111,7 +118,19 @@ def frozen_reference(ctx: StageContext) -> torch.nn.Module | None:
     the policy (sharded under fsdp); None when there is none to load (LoRA disables the adapters)."""
     if ctx.plan.placement.reference != REFERENCE_COPY:
         return None
-    return load_stage_model(ctx).requires_grad_(False).eval()
+    return place_frozen(ctx, load_stage_model(ctx).requires_grad_(False).eval())
+
+
+def place_frozen(
+    ctx: StageContext, model: torch.nn.Module, device: torch.device | None = None
+) -> torch.nn.Module:
+    """A frozen model a stage runs forwards through (reference copy, reward model) on the training device.
+
+    The Trainer moves only the model it trains; a backend that shards frozen models (fsdp) placed them on
+    the ranks' devices when it sharded them. `device` defaults to this rank's training device."""
+    if ctx.backend.frozen_sharded:
+        return model
+    return model.to(device or ctx.device)
 
 
 def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from align.placement import VALUE_ADAPTER
 from align.stages.context import (
     StageContext,
@@ -21,6 +23,7 @@ from align.stages.context import (
     frozen_reference,
     load_stage_model,
     peft_config,
+    place_frozen,
     stage_config,
     stage_data,
     stage_tokenizer,
@@ -59,11 +62,11 @@ def reward_function(rewards: Rewards) -> RewardFn:
 
 def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with PPO, measure again, and save the policy (and its critic)."""
-    from transformers import set_seed
-
-    set_seed(ctx.plan.seed)  # the LoRA adapters are initialised before the Trainer seeds: same seed, same run
     train, evaluation = stage_data(ctx)
     rewards = stage_rewards(ctx)
+    for source in rewards.sources:  # align's own trainer: nobody else moves its reward models
+        if isinstance(source, torch.nn.Module):
+            place_frozen(ctx, source)
     config = stage_config(ctx)
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     policy = policy_model(ctx)
