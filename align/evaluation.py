@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+SCORE_BATCH = 16  # held-out rows per forward
+
 
 def as_messages(value: Any, role: str) -> list[dict[str, str]]:
     """TRL's standard (a string) or conversational (a list of messages) field, as messages."""
@@ -35,14 +37,34 @@ def prompt_text(tokenizer: Any, prompt: Any, conversational: bool) -> str:
 
 def completion_logprob(model: Any, tokenizer: Any, prompt: Any, reply: Any, max_length: int) -> float:
     """Sum of the reply's token log-probabilities after its prompt, on the text TRL trains on."""
-    head = prompt_text(tokenizer, prompt, conversational=isinstance(reply, list))
-    prompt_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
-    full_ids = tokenizer(training_text(tokenizer, prompt, reply), add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([full_ids[:max_length]], device=model.device)
-    logits = model(input_ids=ids).logits[0, :-1].float()
-    targets = ids[0, 1:]
-    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-    return float(token_logprobs[max(len(prompt_ids) - 1, 0) :].sum())
+    return completion_logprobs(model, tokenizer, [(prompt, reply)], max_length)[0]
+
+
+def completion_logprobs(
+    model: Any, tokenizer: Any, pairs: list[tuple[Any, Any]], max_length: int, batch_size: int = SCORE_BATCH
+) -> list[float]:
+    """`completion_logprob` of each (prompt, reply), `batch_size` rows per forward (right-padded: a row's
+    own tokens see none of the padding after them)."""
+    rows = []
+    for prompt, reply in pairs:
+        head = prompt_text(tokenizer, prompt, conversational=isinstance(reply, list))
+        start = max(len(tokenizer(head, add_special_tokens=False)["input_ids"]) - 1, 0)
+        ids = tokenizer(training_text(tokenizer, prompt, reply), add_special_tokens=False)["input_ids"]
+        rows.append((ids[:max_length], start))
+    sums = []
+    for first in range(0, len(rows), batch_size):
+        chunk = rows[first : first + batch_size]
+        width = max(len(ids) for ids, _ in chunk)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in chunk], device=model.device)
+        mask = torch.tensor(
+            [[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in chunk], device=model.device
+        )
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        for row, (row_ids, start) in enumerate(chunk):
+            sums.append(float(token_logprobs[row, start : len(row_ids) - 1].sum()))
+    return sums
 
 
 @torch.no_grad()
@@ -50,11 +72,11 @@ def preference_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 2
     """Held-out preference accuracy and mean chosen-minus-rejected log-probability margin."""
     was_training = model.training
     model.eval()
-    margins = []
-    for row in rows:
-        chosen = completion_logprob(model, tokenizer, row.get("prompt"), row["chosen"], max_length)
-        rejected = completion_logprob(model, tokenizer, row.get("prompt"), row["rejected"], max_length)
-        margins.append(chosen - rejected)
+    chosen = completion_logprobs(model, tokenizer, [(r.get("prompt"), r["chosen"]) for r in rows], max_length)
+    rejected = completion_logprobs(
+        model, tokenizer, [(r.get("prompt"), r["rejected"]) for r in rows], max_length
+    )
+    margins = [c - r for c, r in zip(chosen, rejected, strict=True)]
     model.train(was_training)
     return {
         "preference_accuracy": sum(m > 0 for m in margins) / len(margins),
@@ -70,8 +92,10 @@ def label_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 256) -
     was_training = model.training
     model.eval()
     logprobs: dict[bool, list[float]] = {True: [], False: []}
-    for row in rows:
-        logprob = completion_logprob(model, tokenizer, row.get("prompt"), row["completion"], max_length)
+    scored = completion_logprobs(
+        model, tokenizer, [(r.get("prompt"), r["completion"]) for r in rows], max_length
+    )
+    for row, logprob in zip(rows, scored, strict=True):
         logprobs[bool(row["label"])].append(logprob)
     model.train(was_training)
     if not logprobs[True] or not logprobs[False]:

@@ -63,3 +63,23 @@ def test_implicit_prompt_pairs_are_split_as_trl_splits_them_and_score_like_expli
         "Are"
     )
     assert explicit_prompt(Dataset.from_list([explicit]))[0] == explicit  # explicit rows stay as they are
+
+
+@torch.no_grad()
+def test_batched_scoring_equals_scoring_one_row_at_a_time() -> None:
+    """Rows of different lengths share a right-padded forward; the padding changes no row's score."""
+    from align.evaluation import completion_logprobs
+
+    folder = resolve_model("tiny")
+    tokenizer, model = load_tokenizer(folder), load_causal_lm(folder).eval()
+    pairs = [
+        ("Hi ", "Hello!"),
+        ("What colour is the sky on a clear day? ", "Blue, mostly."),
+        (
+            [{"role": "user", "content": "Are you sad?"}],
+            [{"role": "assistant", "content": "No, I am happy."}],
+        ),
+    ]
+    one_by_one = [completion_logprob(model, tokenizer, prompt, reply, 64) for prompt, reply in pairs]
+    batched = completion_logprobs(model, tokenizer, pairs, 64, batch_size=3)
+    torch.testing.assert_close(torch.tensor(batched), torch.tensor(one_by_one), rtol=1e-5, atol=1e-4)
