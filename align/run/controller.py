@@ -103,6 +103,14 @@ def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[
     return {"kind": "model", "path": path, "base": path, "adapters": []}
 
 
+def memory_plan(stage: StagePlan) -> list[dict[str, Any]] | None:
+    """The plan's per-rank bytes under the stage's backend, row by row as `align plan` shows them, so that
+    `align report` can set them beside the peaks each rank measured; None without an architecture."""
+    if stage.memory is None:
+        return None
+    return [{"what": label, "device": device, "host": host} for label, device, host in stage.memory.rows()]
+
+
 def run_stage(
     plan: Plan,
     stage: StagePlan,
@@ -133,6 +141,7 @@ def run_stage(
             "model": inputs.base,
             "adapters": list(inputs.adapters),
         },
+        "memory_plan": memory_plan(stage),
         "versions": records.versions(),
         "git_sha": records.git_sha(),
         "started": time.time(),
@@ -154,6 +163,7 @@ def run_stage(
         status="succeeded",
         ended=time.time(),
         metrics=result["metrics"],
+        samples=result.get("samples", []),
         output=output_of(result, inputs, folder),
         resumed_from=resumed_from,
         steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),

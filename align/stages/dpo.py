@@ -20,6 +20,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, suffixed, train_stage
 
 
@@ -50,4 +51,5 @@ def run(ctx: StageContext) -> StageResult:
         )
 
     output = "adapter" if lora else "model"
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=scores))
+    training = Training(trainer, tokenizer, output, held_out=scores, sample_prompts=sample_prompts(held_out))
+    return train_stage(ctx, training)

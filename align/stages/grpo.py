@@ -19,6 +19,7 @@ from align.stages.context import (
     stage_tokenizer,
 )
 from align.stages.rl import held_out_rewards, held_out_rows, stage_rewards
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, suffixed, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
@@ -64,5 +65,12 @@ def run(ctx: StageContext) -> StageResult:
         )
 
     output = "adapter" if lora else "model"
-    training = Training(trainer, tokenizer, output, held_out=mean_rewards, curves=(("reward", "reward"),))
+    training = Training(
+        trainer,
+        tokenizer,
+        output,
+        held_out=mean_rewards,
+        curves=(("reward", "reward"),),
+        sample_prompts=sample_prompts(held_out),
+    )
     return train_stage(ctx, training)

@@ -26,6 +26,7 @@ from align.stages.context import (
     stage_tokenizer,
 )
 from align.stages.rl import Rewards, held_out_rewards, held_out_rows, stage_rewards
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, suffixed, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
@@ -85,4 +86,8 @@ def run(ctx: StageContext) -> StageResult:
 
     output = "adapter" if ctx.plan.stage.lora else "model"
     curves = (("reward", "reward"), ("objective/kl", "kl"))
-    return train_stage(ctx, Training(trainer, tokenizer, output, mean_rewards, curves, model=model))
+    prompts = sample_prompts(held_out)
+    training = Training(
+        trainer, tokenizer, output, mean_rewards, curves, model=model, sample_prompts=prompts, sampler=policy
+    )
+    return train_stage(ctx, training)
