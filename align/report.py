@@ -24,11 +24,11 @@ from align.run.records import RECORD, attempts, read_record
 
 @dataclass
 class StageReport:
-    """One stage as the report shows it: its record (empty when it has not run) and its logs."""
+    """One stage as the report shows it: its record (only its kind and config when it has not run), the
+    stages it reads, its curves and what each rank measured."""
 
     name: str
     record: dict[str, Any]
-    folder: Path
     reads: list[str]
     plot: Plot | None = None
     placement: list[dict[str, Any]] = field(default_factory=list)
@@ -121,7 +121,7 @@ def stage_report(name: str, record: dict[str, Any], folder: Path, reads: list[st
     logs = folder / "logs"
     placement = [json.loads(path.read_text()) for path in sorted(logs.glob("placement-rank*.json"))]
     plot = stage_plot(name, read_log(logs / "metrics.jsonl"))
-    return StageReport(name, record, folder, reads, plot, placement)
+    return StageReport(name, record, reads, plot, placement)
 
 
 def held_out_rows(metrics: dict[str, float]) -> list[tuple[str, float, float]]:

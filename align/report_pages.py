@@ -83,7 +83,7 @@ def html_stage(stage: StageReport) -> str:
         ("kind", record.get("kind", "")),
         ("status", stage.status),
         ("reads", ", ".join(stage.reads) or "(base model)"),
-        ("backend", f"{resolved.get('backend', '')}: {resolved.get('backend_reason', '')}"),
+        ("backend", f"{resolved['backend']}: {resolved.get('backend_reason', '')}" if resolved else ""),
         ("steps trained", record.get("steps_trained", "")),
         ("resumed from step", record.get("resumed_from") or ""),
         ("retries", record.get("retries", "")),

@@ -3,6 +3,7 @@
 One run is shared by the tests below (about 90 s on 2 cores); reruns check skipping and invalidation.
 """
 
+import html
 import json
 import re
 import subprocess
@@ -81,12 +82,24 @@ def test_stage_folders_hold_exactly_the_expected_files(demo_run):
             "tensorboard",  # TensorBoard by default: the demo's `trl:` blocks leave `report_to` unset
             "worker-0.log",
         ]
-        events = list((folder / trained / "logs" / "tensorboard").iterdir())
-        assert len(events) == 1 and events[0].name.startswith("events.out.tfevents.")
-        assert events[0].stat().st_size > 1000  # the logged scalars, not only the file header
+        assert_tensorboard_holds_the_logged_losses(folder / trained / "logs")
     assert sorted(p.name for p in (folder / "merge" / "logs").iterdir()) == ["worker-0.log"]
     hidden = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
     assert hidden == [".align-run.lock", ".ray"]  # the run lock (empty once released) and Ray's own
+
+
+def assert_tensorboard_holds_the_logged_losses(logs: Path) -> None:
+    """The TensorBoard events (one file per writer TRL opened) hold the training loss of every logged step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((logs / "tensorboard").iterdir())
+    assert events and all(path.name.startswith("events.out.tfevents.") for path in events)
+    accumulator = EventAccumulator(str(logs / "tensorboard"))
+    accumulator.Reload()
+    logged = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    losses = {entry["step"]: entry["loss"] for entry in logged if "loss" in entry}
+    shown = {event.step: event.value for event in accumulator.Scalars("train/loss")}
+    assert shown == pytest.approx(losses)
 
 
 def test_records_say_what_produced_each_stage(demo_run):
@@ -143,7 +156,7 @@ def test_the_demo_report_has_every_plot_as_a_real_png_and_lists_every_stage(demo
     for png, _ in images.values():
         assert ink(png) > 0.02
     for sample in record(page.parent, "dpo")["samples"]:
-        assert sample["after"].replace("<", "&lt;").replace(">", "&gt;") in text
+        assert html.escape(sample["after"].replace("\n", "⏎")) in text
     markdown = summary.read_text()
     assert [line for line in markdown.splitlines() if line.startswith("## ")] == [
         "## sft",

@@ -1,8 +1,9 @@
-"""The one skeleton every training runner shares: verify, measure, train, measure, save, record.
+"""The one skeleton every training runner shares: verify, measure and sample, train, measure and sample,
+save, record.
 
-A runner builds its trainer and says what is its own (`Training`): its held-out measurement, the
-curves its log holds, how its output is saved. `train_stage` does the rest, in the same order for
-every kind, so a new kind is a table row, its spec and a short runner.
+A runner builds its trainer and says what is its own (`Training`): its held-out measurement and the
+prompts it samples, the curves its log holds, how its output is saved. `train_stage` does the rest, in
+the same order for every kind, so a new kind is a table row, its spec and a short runner.
 """
 
 from __future__ import annotations
