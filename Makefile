@@ -9,7 +9,7 @@ DEMO     := pipelines/tiny_sft_dpo_merge.yaml
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo test test-slow test-faults test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean
+.PHONY: setup demo test test-slow test-faults test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean chromium
 
 setup: $(SETUP)
 
@@ -24,6 +24,7 @@ $(SETUP): pyproject.toml scripts/prebuild_ops.py
 demo: $(SETUP)
 	$(OFFLINE) $(ALIGN) run $(DEMO)
 	$(OFFLINE) $(PY) scripts/generate.py runs/tiny-sft-dpo-merge/merge/model
+	$(OFFLINE) $(ALIGN) report $(DEMO)
 
 # `make test` (under 10 min on 2 idle cores) leaves out the `slow` suites: the 2-rank backend runs,
 # submit and smollm2 (tests/conftest.py SLOW_SUITES), and the slower injected `faults` (tests/test_faults.py).
@@ -72,6 +73,14 @@ sft dpo kto merge reward ppo grpo rloo: $(SETUP)
 
 clean:
 	rm -rf runs
+
+# Headless Chromium (Debian's package) for the test that opens `align report`'s page in a browser; that
+# test skips, saying so, where Chromium is missing.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+chromium:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
+	@chromium --version
 
 # Memory plan vs measured model states per backend, then PPO step time per backend (about 8 min on
 # 2 cores); see bench/README.md.

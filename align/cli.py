@@ -1,4 +1,4 @@
-"""`align`: validate, plan, run and submit pipelines. The only module that prints for people.
+"""`align`: validate, plan, run, submit and report pipelines. The only module that prints for people.
 
 User errors exit 2 with one readable message and no traceback; a stage that crashes exits 1.
 """
@@ -113,6 +113,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from align.report import load_run
+    from align.report_pages import write_report
+
+    target = Path(args.target)
+    if not target.exists():
+        raise AlignError(f"{target}: no such pipeline file or run folder")
+    run = load_run(target)
+    page, summary = write_report(run, Path(args.out) if args.out else run.folder)
+    print(page)
+    print(summary)
+    return 0
+
+
 def cmd_tiny(args: argparse.Namespace) -> int:
     from align.models import resolve_model
     from align.tiny import build_tiny_model
@@ -198,6 +212,12 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("job_id")
         sub.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"))
         sub.set_defaults(handler=handler)
+    report = commands.add_parser(
+        "report", help="write a run's report: report.html (plots inline) and report.md, beside the run"
+    )
+    report.add_argument("target", help="the pipeline YAML file, or its run folder (runs/<pipeline>)")
+    report.add_argument("--out", help="the folder to write into (default: the run folder)")
+    report.set_defaults(handler=cmd_report)
     tiny = commands.add_parser("tiny", help="build the tiny random-init Llama (into the cache, or OUT)")
     tiny.add_argument("out", nargs="?")
     tiny.add_argument("--seed", type=int, default=0)

@@ -313,6 +313,19 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     )
 
 
+def memory_as_it_runs(pipeline: Pipeline, stage: StagePlan) -> MemoryEstimate | None:
+    """The stage's per-rank memory under its backend and placement. The plan made before the run has none
+    when its model was not present yet (a builtin built on first use); by launch it is, so it is priced
+    then, for the record. The backend stays the one planned: only the bytes are filled in."""
+    arch = stage_architecture(pipeline, stage.name) if KINDS[stage.kind].trains else None
+    if stage.memory is not None or arch is None:
+        return stage.memory
+    rewards = reward_model_params(pipeline, stage.name, arch)
+    work = workload(stage.stage, stage.precision, stage.placement, arch, rewards)
+    backend = BACKENDS[stage.backend]
+    return backend.estimates(arch, work, stage.workers, stage.stage)[backend.option(stage.stage)]
+
+
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
     """The plan for every stage, in dependency order; every refusal of every stage at once."""
     hardware = hardware or Hardware.detect(pipeline.defaults.device_memory)

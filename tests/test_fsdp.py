@@ -269,6 +269,8 @@ def test_sft_shards_every_rank_and_loss_falls(run_a):
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.2, losses
     metrics = stage_record(run_a, "a")["metrics"]
     assert metrics["eval_loss_after"] < metrics["eval_loss_before"]
+    # every rank joined the greedy samples' forwards (one rank alone would hang on the sharded model)
+    assert len(stage_record(run_a, "a")["samples"]) == 4
 
 
 @pytest.mark.integration

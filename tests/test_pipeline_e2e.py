@@ -3,6 +3,7 @@
 One run is shared by the tests below (about 90 s on 2 cores); reruns check skipping and invalidation.
 """
 
+import html
 import json
 import re
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pages import find_chromium, ink, inline_images, view
 
 pytestmark = pytest.mark.integration
 
@@ -77,11 +79,27 @@ def test_stage_folders_hold_exactly_the_expected_files(demo_run):
             "metrics.jsonl",
             "placement-rank0.json",
             "progress.json",
+            "tensorboard",  # TensorBoard by default: the demo's `trl:` blocks leave `report_to` unset
             "worker-0.log",
         ]
+        assert_tensorboard_holds_the_logged_losses(folder / trained / "logs")
     assert sorted(p.name for p in (folder / "merge" / "logs").iterdir()) == ["worker-0.log"]
     hidden = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
     assert hidden == [".align-run.lock", ".ray"]  # the run lock (empty once released) and Ray's own
+
+
+def assert_tensorboard_holds_the_logged_losses(logs: Path) -> None:
+    """The TensorBoard events (one file per writer TRL opened) hold the training loss of every logged step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((logs / "tensorboard").iterdir())
+    assert events and all(path.name.startswith("events.out.tfevents.") for path in events)
+    accumulator = EventAccumulator(str(logs / "tensorboard"))
+    accumulator.Reload()
+    logged = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    losses = {entry["step"]: entry["loss"] for entry in logged if "loss" in entry}
+    shown = {event.step: event.value for event in accumulator.Scalars("train/loss")}
+    assert shown == pytest.approx(losses)
 
 
 def test_records_say_what_produced_each_stage(demo_run):
@@ -92,6 +110,77 @@ def test_records_say_what_produced_each_stage(demo_run):
         assert data["versions"]["trl"] and data["versions"]["torch"]
         assert len(data["fingerprint"]) == 64
     assert record(demo_run[0], "dpo")["output"]["base"] == str(demo_run[0] / "sft" / "model")
+
+
+def test_records_hold_greedy_samples_of_held_out_prompts_before_and_after(demo_run):
+    folder = demo_run[0]
+    for stage, count in (("sft", 4), ("dpo", 4), ("merge", 3)):  # merge: its three check prompts
+        samples = record(folder, stage)["samples"]
+        assert len(samples) == count
+        assert all(set(sample) == {"prompt", "before", "after"} for sample in samples)
+        assert all(sample["prompt"].startswith("user: ") for sample in samples)
+    sft = record(folder, "sft")["samples"]
+    assert [s["before"] for s in sft] != [s["after"] for s in sft]  # SFT changed what the model says
+    merge = record(folder, "merge")["samples"]
+    assert [s["before"] for s in merge] == [s["after"] for s in merge]  # merging changed nothing
+
+
+DEMO_PANELS = {
+    "sft": "loss; learning rate; gradient norm; token accuracy; entropy",
+    "dpo": "loss; learning rate; gradient norm; token accuracy; reward accuracy; reward margin; "
+    "implicit rewards; log-probs; entropy",
+}
+
+
+@pytest.fixture(scope="module")
+def demo_report(demo_run) -> tuple[Path, Path]:
+    """`align report` of the demo's run folder, written beside the run as by default."""
+    folder = demo_run[0]
+    done = subprocess.run(
+        [sys.executable, "-m", "align.cli", "report", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [str(folder / "report.html"), str(folder / "report.md")]
+    return folder / "report.html", folder / "report.md"
+
+
+def test_the_demo_report_has_every_plot_as_a_real_png_and_lists_every_stage(demo_report):
+    page, summary = demo_report
+    text = page.read_text()
+    images = inline_images(text)
+    assert set(images) == {"stages and which feeds which", "sft", "dpo"}  # merge logs no curve
+    assert {stage: images[stage][1] for stage in DEMO_PANELS} == DEMO_PANELS
+    for png, _ in images.values():
+        assert ink(png) > 0.02
+    for sample in record(page.parent, "dpo")["samples"]:
+        assert html.escape(sample["after"].replace("\n", "⏎")) in text
+    markdown = summary.read_text()
+    assert [line for line in markdown.splitlines() if line.startswith("## ")] == [
+        "## sft",
+        "## dpo",
+        "## merge",
+    ]
+    assert "- dpo <- sft" in markdown and "- merge <- dpo" in markdown
+    assert "| preference_accuracy |" in markdown and "| eval_loss |" in markdown
+    assert "| parameters |" in markdown  # the memory plan, beside each rank's measured peak
+    assert "| 0 | " in markdown
+
+
+def test_the_demo_report_shows_its_plots_in_headless_chromium(demo_report):
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("Chromium is not installed (`make chromium` installs Debian's package)")
+    seen = view(demo_report[0], binary)
+    assert seen.errors == []
+    assert [image["alt"].split(":")[0] for image in seen.images] == [
+        "stages and which feeds which",
+        "sft",
+        "dpo",
+    ]
+    assert all(image["complete"] and image["width"] > 300 and image["height"] > 100 for image in seen.images)
 
 
 def test_merged_model_loads_in_plain_transformers_and_matches_the_adapter(demo_run):

@@ -241,3 +241,23 @@ def test_auto_uses_ddp_on_one_rank_when_it_fits() -> None:
         "ddp",
         "full-parameter 100M on 1 rank: DDP needs 1.60 GB/rank <= 72.0 GB usable (90% of 80.0 GB)",
     )
+
+
+def test_a_builtin_not_built_at_plan_time_is_priced_at_launch_under_the_planned_backend(
+    tmp_path, monkeypatch
+):
+    """A fresh machine plans the demo before its tiny model exists: no memory plan then. By launch the
+    model is built, and the record gets the bytes a plan made now would show, for the backend chosen then."""
+    from align.plan import memory_as_it_runs
+
+    monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
+    cpu = Hardware(accelerator=False, device_memory=80 * GB)
+    before = build(load("pipelines/tiny_sft_dpo_merge.yaml"), cpu)
+    assert all(stage.memory is None for stage in before.stages.values())
+    resolve_model("tiny")
+    after = build(load("pipelines/tiny_sft_dpo_merge.yaml"), cpu)
+    for name in ("sft", "dpo"):
+        priced = memory_as_it_runs(before.pipeline, before.stages[name])
+        assert before.stages[name].backend == after.stages[name].backend
+        assert priced is not None and priced.rows() == after.stages[name].memory.rows()
+    assert memory_as_it_runs(before.pipeline, before.stages["merge"]) is None  # a merge trains nothing

@@ -2,7 +2,8 @@
 
 Every backend writes `logs/placement-rank{R}.json` once the first optimizer step has run, so a
 claim such as "ZeRO-2 shards the optimizer states" or "FSDP shards the parameters" is checked on
-the live objects, not assumed. Tests and `make bench` read these files.
+the live objects, not assumed. Its peak memory figures are updated when training ends, so they are the
+whole run's. Tests, `make bench` and `align report` read these files.
 """
 
 from __future__ import annotations
@@ -59,28 +60,38 @@ def sharding_facts(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
         "trainable_elements_total": sum(global_numel(p) for p in trainable),
         "optimizer_state_elements_local": optimizer_state_numel(optimizer),
         "dtensor_params": sum(hasattr(p, "to_local") for p in params),
-        "peak_rss_bytes": peak_rss_bytes(),
+        **peaks(),
     }
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory (Linux reports KiB)."""
+def peaks() -> dict[str, int | None]:
+    """This process's peak resident memory (Linux reports KiB), and the peak bytes torch allocated on its
+    accelerator (None on CPU)."""
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_device_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+    }
 
 
 class ShardingReport(TrainerCallback):
-    """Writes this rank's sharding facts after the first optimizer step, when every state exists."""
+    """Writes this rank's sharding facts after the first optimizer step, when every state exists, and its
+    peaks again when training ends."""
 
     def __init__(self, logs_dir: Path) -> None:
         self.logs_dir = logs_dir
-        self.written = False
+        self.path: Path | None = None  # this rank's file, once written
 
     def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
-        if self.written or model is None or optimizer is None:
+        if self.path or model is None or optimizer is None:
             return
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         facts = sharding_facts(model, optimizer)
-        (self.logs_dir / f"placement-rank{facts['rank']}.json").write_text(json.dumps(facts, indent=2) + "\n")
-        self.written = True
+        self.path = self.logs_dir / f"placement-rank{facts['rank']}.json"
+        self.path.write_text(json.dumps(facts, indent=2) + "\n")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.path:
+            facts = {**json.loads(self.path.read_text()), **peaks()}
+            self.path.write_text(json.dumps(facts, indent=2) + "\n")

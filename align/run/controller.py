@@ -20,7 +20,7 @@ from align.errors import AlignError, Interrupted, StageFailed
 from align.fingerprint import digest
 from align.graph import downstream, reference_target, upstream
 from align.models import resolve_model
-from align.plan import ModelInput, Plan, StageInputs, StagePlan
+from align.plan import ModelInput, Plan, StageInputs, StagePlan, memory_as_it_runs
 from align.run import records
 from align.run.disk import check_space, probe_writable
 from align.run.launch import LostWorkers, connect, ray_launch
@@ -104,6 +104,15 @@ def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[
     return {"kind": "model", "path": path, "base": path, "adapters": []}
 
 
+def memory_plan(plan: Plan, stage: StagePlan) -> list[dict[str, Any]] | None:
+    """The plan's per-rank bytes under the stage's backend, row by row as `align plan` shows them, so that
+    `align report` can set them beside the peaks each rank measured; None without an architecture."""
+    memory = memory_as_it_runs(plan.pipeline, stage)
+    if memory is None:
+        return None
+    return [{"what": label, "device": device, "host": host} for label, device, host in memory.rows()]
+
+
 def run_stage(
     plan: Plan,
     stage: StagePlan,
@@ -134,6 +143,7 @@ def run_stage(
             "model": inputs.base,
             "adapters": list(inputs.adapters),
         },
+        "memory_plan": memory_plan(plan, stage),
         "versions": records.versions(),
         "git_sha": records.git_sha(),
         "started": time.time(),
@@ -155,6 +165,7 @@ def run_stage(
         status="succeeded",
         ended=time.time(),
         metrics=result["metrics"],
+        samples=result.get("samples", []),
         output=output_of(result, inputs, folder),
         resumed_from=resumed_from,
         steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),

@@ -82,11 +82,13 @@ class StageContext:
 
 @dataclass
 class StageResult:
-    """What a runner produced: `adapter` or `model` (a folder of that name) and its final metrics."""
+    """What a runner produced: `adapter` or `model` (a folder of that name), its final metrics, and greedy
+    completions of held-out prompts before and after (`stages/samples.py`)."""
 
     output: str
     metrics: dict[str, float] = field(default_factory=dict)
     steps: int | None = None  # the optimizer step training ended at (a resumed run counts from its start)
+    samples: list[dict[str, str]] = field(default_factory=list)
 
 
 def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
@@ -178,6 +180,10 @@ def stage_data(ctx: StageContext) -> tuple[Any, Any]:
 
 CHECKPOINT_DEFAULTS = {"save_total_limit": 2}
 """Unless the `trl:` block says otherwise: keep the last two complete checkpoints, not every one."""
+REPORT_DEFAULTS = {"report_to": ["tensorboard"]}
+"""Unless the `trl:` block sets `report_to` (W&B, MLflow... as in TRL, their keys from the environment):
+TensorBoard event files under the stage's `logs/tensorboard/`."""
+TENSORBOARD_FOLDER = "tensorboard"
 
 
 def held_out_slice(train: Any, seed: int) -> tuple[Any, Any]:
@@ -201,17 +207,20 @@ def explicit_prompt(dataset: Any) -> Any:
 
 def stage_config(ctx: StageContext, overrides: dict[str, Any] | None = None) -> Any:
     """TRL's config for this stage: its `trl:` block (plus what the runner must set), and what align
-    owns: outputs under the stage folder, precision, seed, device, and the backend's trainer arguments.
-    Secrets leave the config (it is pickled into every checkpoint as training_args.bin)."""
+    owns: outputs and TensorBoard events under the stage folder, precision, seed, device, and the backend's
+    trainer arguments. Secrets leave the config (it is pickled into every checkpoint as training_args.bin)."""
     config = build_config(
         ctx.plan.kind,
-        {**CHECKPOINT_DEFAULTS, **ctx.plan.stage.trl, **(overrides or {})},
+        {**CHECKPOINT_DEFAULTS, **REPORT_DEFAULTS, **ctx.plan.stage.trl, **(overrides or {})},
         output_dir=str(ctx.output_dir / CHECKPOINTS),
         precision=ctx.plan.precision,
         seed=ctx.plan.seed,
         accelerator=ctx.plan.accelerator,
         **ctx.backend.trainer_args(ctx.plan),
     )
+    if "tensorboard" in config.report_to:
+        # transformers' TensorBoard callback takes its folder from the environment only
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(ctx.output_dir / "logs" / TENSORBOARD_FOLDER)
     return without_secrets(config)
 
 

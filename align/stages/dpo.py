@@ -20,6 +20,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
@@ -61,4 +62,5 @@ def run(ctx: StageContext) -> StageResult:
 
     output = "adapter" if lora else "model"
     measure = scores if evaluation is not None else no_measure
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure))
+    prompts = sample_prompts(evaluation if evaluation is not None else train)
+    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure, sample_prompts=prompts))

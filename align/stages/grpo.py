@@ -19,6 +19,7 @@ from align.stages.context import (
     stage_tokenizer,
 )
 from align.stages.rl import held_out_rewards, stage_rewards
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
@@ -65,5 +66,12 @@ def run(ctx: StageContext) -> StageResult:
 
     output = "adapter" if lora else "model"
     measure = mean_rewards if held_out is not None else no_measure
-    training = Training(trainer, tokenizer, output, held_out=measure, curves=(("reward", "reward"),))
+    training = Training(
+        trainer,
+        tokenizer,
+        output,
+        held_out=measure,
+        curves=(("reward", "reward"),),
+        sample_prompts=sample_prompts(held_out if held_out is not None else train),
+    )
     return train_stage(ctx, training)

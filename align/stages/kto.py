@@ -29,6 +29,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
@@ -72,7 +73,9 @@ def run(ctx: StageContext) -> StageResult:
     output = "adapter" if lora else "model"
     curves = (("loss", "loss"), ("kl", "kl"), ("rewards/margins", "reward_margin"))
     measure = scores if held_out is not None else no_measure
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure, curves=curves))
+    prompts = sample_prompts(held_out if held_out is not None else train)
+    training = Training(trainer, tokenizer, output, held_out=measure, curves=curves, sample_prompts=prompts)
+    return train_stage(ctx, training)
 
 
 def is_paired(dataset: Any) -> bool:

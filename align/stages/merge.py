@@ -11,6 +11,7 @@ import torch
 from align.errors import StageFailed
 from align.plan import ModelInput
 from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
+from align.stages.samples import SAMPLE_PROMPTS, greedy_completions, paired
 
 
 @torch.no_grad()
@@ -28,7 +29,8 @@ def prompt_logits(model: torch.nn.Module, tokenizer, prompts: list[str]) -> list
 
 
 def run(ctx: StageContext) -> StageResult:
-    """Apply every adapter of the input, check the merge is exact, and save model/ with its tokenizer."""
+    """Apply every adapter of the input, check the merge is exact, and save model/ with its tokenizer. The
+    check prompts' greedy completions by the adapter model and by the merged one are its samples."""
     from peft import PeftModel
 
     stage = ctx.plan.stage
@@ -37,8 +39,11 @@ def run(ctx: StageContext) -> StageResult:
     base = load_stage_model(ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier))))
     adapted = PeftModel.from_pretrained(base, last)
     before = prompt_logits(adapted, tokenizer, stage.check_prompts)
+    prompts = [[{"role": "user", "content": text}] for text in stage.check_prompts[:SAMPLE_PROMPTS]]
+    completions_before = greedy_completions(adapted, tokenizer, prompts)
     merged = adapted.merge_and_unload()
     after = prompt_logits(merged, tokenizer, stage.check_prompts)
+    completions_after = greedy_completions(merged, tokenizer, prompts)
     max_delta = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
     if max_delta > stage.tolerance:
         raise StageFailed(
@@ -53,4 +58,5 @@ def run(ctx: StageContext) -> StageResult:
             "merge_max_abs_logit_delta": max_delta,
             "adapters_merged": float(len(ctx.model_input.adapters)),
         },
+        samples=paired(prompts, completions_before, completions_after),
     )

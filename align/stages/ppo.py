@@ -29,6 +29,7 @@ from align.stages.context import (
     stage_tokenizer,
 )
 from align.stages.rl import Rewards, held_out_rewards, stage_rewards
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
@@ -89,4 +90,8 @@ def run(ctx: StageContext) -> StageResult:
     output = "adapter" if ctx.plan.stage.lora else "model"
     curves = (("reward", "reward"), ("objective/kl", "kl"))
     measure = mean_rewards if held_out is not None else no_measure
-    return train_stage(ctx, Training(trainer, tokenizer, output, measure, curves, model=model))
+    prompts = sample_prompts(held_out if held_out is not None else train)
+    training = Training(
+        trainer, tokenizer, output, measure, curves, model=model, sample_prompts=prompts, sampler=policy
+    )
+    return train_stage(ctx, training)

@@ -11,6 +11,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
+from align.stages.samples import sample_prompts
 from align.stages.training import Training, train_stage
 
 
@@ -41,4 +42,5 @@ def run(ctx: StageContext) -> StageResult:
         return {"eval_loss_before": logged, "eval_loss_after": trainer.evaluate()["eval_loss"]}
 
     output = "adapter" if lora else "model"
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=eval_loss))
+    prompts = sample_prompts(evaluation if evaluation is not None else train)
+    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=eval_loss, sample_prompts=prompts))

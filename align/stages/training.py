@@ -1,21 +1,23 @@
-"""The one skeleton every training runner shares: verify, measure, train, measure, save, record.
+"""The one skeleton every training runner shares: verify, measure and sample, train, measure and sample,
+save, record.
 
-A runner builds its trainer and says what is its own (`Training`): its held-out measurement, the
-curves its log holds, how its output is saved. `train_stage` does the rest, in the same order for
-every kind, so a new kind is a table row, its spec and a short runner.
+A runner builds its trainer and says what is its own (`Training`): its held-out measurement and the
+prompts it samples, the curves its log holds, how its output is saved. `train_stage` does the rest, in
+the same order for every kind, so a new kind is a table row, its spec and a short runner.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from align.stages.context import StageContext, StageResult
+from align.stages.samples import greedy_completions, paired
 
 
 def no_measure(phase: str) -> dict[str, float]:
@@ -31,6 +33,8 @@ class Training:
     curves: (log key, name) pairs whose first and last logged values become `train_<name>_first/last`.
     save(folder): writes the output on every rank; default `trainer.save_model`.
     model: what the backend verifies and whose trainable parameters must move; default `trainer.model`.
+    sample_prompts: held-out prompts whose greedy completions are recorded before and after training.
+    sampler: the model that completes them; default `trainer.model` (none for a reward model: it scores).
     """
 
     trainer: Any
@@ -40,20 +44,26 @@ class Training:
     curves: tuple[tuple[str, str], ...] = (("loss", "loss"),)
     save: Callable[[Path], None] | None = None
     model: Any = None
+    sample_prompts: list[Any] = field(default_factory=list)
+    sampler: Any = None
 
 
 def train_stage(ctx: StageContext, training: Training) -> StageResult:
-    """Verify the backend, measure held out, train, measure again, save output and tokenizer, and record
-    the curves, the step time, the share of trainable parameters that moved and whether a reference copy
-    was loaded."""
+    """Verify the backend, measure held out and sample it, train, measure and sample again, save output and
+    tokenizer, and record the curves, the step time, the share of trainable parameters that moved and
+    whether a reference copy was loaded."""
     trainer = training.trainer
     model = training.model if training.model is not None else trainer.model
+    sampler = training.sampler if training.sampler is not None else trainer.model
+    prompts = training.sample_prompts
     ctx.backend.verify(model, ctx.plan)
     metrics = dict(training.held_out("before"))
+    completions_before = greedy_completions(sampler, training.tokenizer, prompts)
     before = trainable_checksums(model)
     resume = str(ctx.resume_from) if ctx.resume_from else trainer.args.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=resume)
     metrics.update(training.held_out("after"))
+    completions_after = greedy_completions(sampler, training.tokenizer, prompts)
     metrics["trainable_changed"] = changed_share(model, before)
     # proof of the placement: 1 when the trainer holds a separate frozen reference model
     metrics["reference_copy_loaded"] = float(getattr(trainer, "ref_model", None) is not None)
@@ -68,7 +78,8 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
         history = write_log_history(trainer, ctx.output_dir)
         for key, name in training.curves:
             metrics.update(curve_ends(history, key, name))
-    return StageResult(output=training.output, metrics=metrics, steps=trainer.state.global_step)
+    samples = paired(prompts, completions_before, completions_after)
+    return StageResult(training.output, metrics, trainer.state.global_step, samples)
 
 
 def suffixed(metrics: dict[str, float], phase: str) -> dict[str, float]:
