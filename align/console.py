@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from align.data import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.memory import format_bytes
-from align.plan import Plan
+from align.plan import Plan, StagePlan
+from align.precision import PURE, PURE_RISK, describe
 
 SHOWN_METRICS = (
     "train_loss_first",
@@ -61,6 +62,12 @@ def held_out_source(stage) -> str | None:
     return f"the eval split {data.eval}"
 
 
+def precision_as_run(stage: StagePlan) -> str:
+    """The precision with where the weights and Adam's moments live, e.g. `bf16 (mixed: fp32 weights ...)`."""
+    lora = getattr(stage.stage, "lora", None) is not None
+    return describe(stage.precision, stage.trainable_dtype, lora)
+
+
 def format_plan(plan: Plan) -> str:
     """Stages in order with kind, model source, backend (and why), workers, placement and memory."""
     memory = format_bytes(plan.hardware.device_memory)
@@ -70,11 +77,13 @@ def format_plan(plan: Plan) -> str:
         stage = plan.stages[name]
         lines.append(
             f"{index}. {name}  kind={stage.kind}  model={stage.model_source}  backend={stage.backend}  "
-            f"workers={stage.workers}  precision={stage.precision}"
+            f"workers={stage.workers}  precision={precision_as_run(stage)}"
         )
         lines.append(f"    why {stage.backend}: {stage.backend_reason}")
         if (held_out := held_out_source(stage)) is not None:
             lines.append(f"    held out: {held_out}")
+        if stage.precision == PURE:
+            lines.append(f"    risk: {PURE_RISK}")
         lines += [f"    {role}: {where}" for role, where in stage.placement.description.items()]
         lines += memory_table(stage)
     return "\n".join(lines)

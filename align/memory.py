@@ -1,12 +1,17 @@
 """The memory plan: per-rank bytes of each stage under each backend, by arithmetic alone.
 
-Model states for mixed-precision Adam with Ψ trainable parameters, as the ZeRO paper counts them
-(Rajbhandari et al. 2020): 16-bit params 2Ψ, 16-bit grads 2Ψ, fp32 Adam moments 8Ψ and an fp32
-master copy 4Ψ. DDP holds 16Ψ per rank, for 13B 26 + 26 + 104 + 52 = 208 GB; full sharding (FSDP,
-ZeRO-3) holds 16Ψ/N. DDP's gradient buckets, a further copy of every gradient (2Ψ, 4Ψ in fp32)
-unless `gradient_as_bucket_view` is set, are communication buffers and not counted here.
+Model states for Adam with Ψ trainable parameters, as each backend holds them (align/precision.py says how
+each realises a precision):
+- ddp and fsdp under mixed precision (bf16, fp16) and fp32 keep fp32 weights 4Ψ, fp32 gradients 4Ψ and
+  fp32 Adam moments 8Ψ, and no separate master copy: the 16-bit weights exist only for the forward and
+  backward (autocast's cache, FSDP2's all-gathered bf16 parameters), not as states. DDP holds 16Ψ per
+  rank, for 13B 52 + 52 + 104 = 208 GB, the ZeRO paper's figure (Rajbhandari et al. 2020, which counts it
+  as 16-bit params 2Ψ, grads 2Ψ, moments 8Ψ and an fp32 master 4Ψ); FSDP shards it, 16Ψ/N.
+- `bf16-pure` holds weights, gradients and both moments in bf16: 2Ψ + 2Ψ + 4Ψ = 8Ψ (ddp), 8Ψ/N (fsdp).
+DDP's gradient buckets, a further copy of every gradient unless `gradient_as_bucket_view` is set, are
+communication buffers and not counted here.
 
-ZeRO-2 has three figures:
+ZeRO-2 has three figures (DeepSpeed casts the weights to the compute dtype, width 2 in bf16 or 4 in fp32):
 - the paper: 2Ψ + 14Ψ/N, one gradient partition and the master copy sharded with the moments;
 - DeepSpeed's `estimate_zero2_model_states_mem_needs`: 2Ψ + 18Ψ/N (260 GB for 13B on one GPU),
   which adds the fp32 copy of the gradient partition the optimizer steps;
@@ -15,9 +20,6 @@ ZeRO-2 has three figures:
 Measurement sided with DeepSpeed, so the plan counts width·Ψ + (width + 4)Ψ/N + 8Ψ/N + 4Ψ/N.
 ZeRO-Offload keeps width·Ψ on the device and 16Ψ/N on the host (fp32 gradient partition, moments,
 master), also measured.
-
-FSDP2 stores its 16Ψ/N differently (fp32 sharded params 4Ψ/N and fp32 grads 4Ψ/N, no separate
-master); the split below keeps the paper's columns and the total.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class FrozenModel:
 class Workload:
     """What a stage trains, independent of the backend that runs it.
 
+    dtype is the compute dtype: of activations, a LoRA base and frozen models. Trained weights are fp32
+    under mixed precision; `pure` (`bf16-pure`) holds them and Adam's moments in `dtype` too.
     micro_batch_size counts sequences per forward: a DPO pair is two.
     seq_len 0 leaves activations out of the plan.
     extra_trainable: parameters trained beside the policy's in its optimizer (a PPO critic's value head,
@@ -79,6 +83,7 @@ class Workload:
     """
 
     dtype: str = "bf16"
+    pure: bool = False
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] | str = LINEAR_MODULES
     quantize_4bit: bool = False
@@ -92,6 +97,8 @@ class Workload:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype {self.dtype!r}: use one of {list(DTYPE_BYTES)}")
+        if self.pure and self.dtype == "fp32":
+            raise ValueError("pure 16-bit training needs a 16-bit dtype, not fp32")
         if self.quantize_4bit and self.lora_rank is None:
             raise ValueError("4-bit quantized weights cannot be trained directly: set a LoRA rank (QLoRA)")
         if self.lora_rank is not None:
@@ -173,16 +180,19 @@ def estimate(
 
     model is an Architecture, or a bare parameter count for full-parameter model states only.
     offload_optimizer under zero2 moves what ZeRO-Offload keeps on the host: the fp32 gradient
-    partition (4Ψ/N), the moments and the master copy; under fsdp (ZeRO-3 style) the moments and
-    master. offload_params (fsdp only) moves every model state of the policy to the host.
+    partition (4Ψ/N), the moments and the master copy; under fsdp (ZeRO-3 style) the moments.
+    offload_params (fsdp only) moves every model state of the policy to the host.
     """
     _check_backend(backend, world_size, offload_optimizer, offload_params)
     if not isinstance(model, Architecture) and (workload.lora_rank is not None or workload.seq_len):
         raise ValueError("LoRA counts and activations need the model's shape: pass an Architecture")
     trainable = _trainable_params(model, workload)
-    states = _model_states(trainable, workload.dtype)
     base = _frozen_base_bytes(model, workload) if workload.lora_rank is not None else 0
-    device, host = _place_policy(states, base, backend, world_size, offload_optimizer, offload_params)
+    if backend == "zero2":
+        device, host = _zero2(trainable, DTYPE_BYTES[workload.dtype], base, world_size, offload_optimizer)
+    else:
+        states = _model_states(trainable, workload.pure)
+        device, host = _place_policy(states, base, backend, world_size, offload_optimizer, offload_params)
     frozen = tuple((m.role, *_frozen_model_bytes(m, backend, world_size)) for m in workload.frozen_models)
     activations = 0
     if isinstance(model, Architecture):
@@ -250,14 +260,11 @@ def _trainable_params(model: Architecture | int, workload: Workload) -> int:
     return model.lora_param_count(workload.lora_rank, workload.lora_targets) + workload.extra_trainable
 
 
-def _model_states(trainable: int, dtype: str) -> StateBytes:
-    """One unsharded replica. Pure fp32 keeps params and grads in fp32 and needs no master copy.
-
-    DeepSpeed keeps one anyway: ZeRO-2's fp32 partition is added in `_zero2`.
-    """
-    width = DTYPE_BYTES[dtype]
-    master = 0 if dtype == "fp32" else 4 * trainable
-    return StateBytes(width * trainable, width * trainable, optimizer=8 * trainable, master=master)
+def _model_states(trainable: int, pure: bool) -> StateBytes:
+    """One unsharded replica as ddp and FSDP2 hold it: fp32 weights, gradients and moments (4 + 4 + 8 bytes)
+    with no master copy, or all of them in bf16 when pure (2 + 2 + 4)."""
+    width = 2 if pure else 4
+    return StateBytes(width * trainable, width * trainable, optimizer=2 * width * trainable)
 
 
 def _frozen_base_bytes(arch: Architecture, workload: Workload) -> int:
@@ -277,37 +284,36 @@ def _shard(num_bytes: int, world_size: int) -> int:
 def _place_policy(
     states: StateBytes, base: int, backend: str, n: int, offload_optimizer: bool, offload_params: bool
 ) -> tuple[StateBytes, StateBytes]:
-    """(device, host) per rank of the policy's model states; `base` is a LoRA model's frozen weights."""
+    """(device, host) per rank of the policy's model states under ddp or fsdp; `base` is a LoRA model's
+    frozen weights."""
     params = states.params + base
     if backend == "ddp":
         return replace(states, params=params), StateBytes()
-    if backend == "zero2":
-        return _zero2(states, params, n, offload_optimizer)
-    sharded = StateBytes(
-        _shard(params, n), _shard(states.grads, n), _shard(states.optimizer, n), _shard(states.master, n)
-    )
+    sharded = StateBytes(_shard(params, n), _shard(states.grads, n), _shard(states.optimizer, n))
     if offload_params:
         return StateBytes(), sharded
     if offload_optimizer:
-        host = StateBytes(optimizer=sharded.optimizer, master=sharded.master)
-        return replace(sharded, optimizer=0, master=0), host
+        return replace(sharded, optimizer=0), StateBytes(optimizer=sharded.optimizer)
     return sharded, StateBytes()
 
 
-def _zero2(states: StateBytes, params: int, n: int, offload_optimizer: bool) -> tuple[StateBytes, StateBytes]:
+def _zero2(
+    trainable: int, width: int, base: int, n: int, offload_optimizer: bool
+) -> tuple[StateBytes, StateBytes]:
     """(device, host) per rank under ZeRO-2 as DeepSpeed runs it: weights replicated, the rest partitioned.
 
-    DeepSpeed steps an fp32 partition of the weights (master 4Ψ/N) whatever the training dtype, and at
-    the step holds the reduced gradient partition (width·Ψ/N) beside the fp32 copy the optimizer
-    steps (4Ψ/N). ZeRO-Offload reduces straight into that fp32 copy on the host, with the moments and
-    the master, so only the weights stay on the device.
+    DeepSpeed casts the weights to the compute dtype (`width` bytes) and steps an fp32 partition of them
+    (master 4Ψ/N) whatever the training dtype; at the step it holds the reduced gradient partition
+    (width·Ψ/N) beside the fp32 copy the optimizer steps (4Ψ/N). ZeRO-Offload reduces straight into that
+    fp32 copy on the host, with the moments and the master, so only the weights stay on the device.
     """
-    fp32_partition = _shard(states.optimizer // 2, n)  # 4Ψ/N: Adam's two fp32 moments are 8Ψ
-    optimizer = _shard(states.optimizer, n)
+    params = width * trainable + base
+    fp32_partition = _shard(4 * trainable, n)
+    optimizer = _shard(8 * trainable, n)
     if offload_optimizer:
         host = StateBytes(grads=fp32_partition, optimizer=optimizer, master=fp32_partition)
         return StateBytes(params=params), host
-    grads = _shard(states.grads, n) + fp32_partition
+    grads = _shard(width * trainable, n) + fp32_partition
     return StateBytes(params, grads, optimizer, master=fp32_partition), StateBytes()
 
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from align.architectures import Architecture, architecture_for
 from align.backends import BACKENDS, Backend
 from align.cache import cache_root
-from align.errors import ConfigError
+from align.errors import ConfigError, Problem
 from align.graph import order, reference_target, references
 from align.hardware import Hardware
 from align.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
 from align.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
+from align.precision import PURE, compute_dtype, trainable_dtype
 from align.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
 from align.trl_args import trl_setting
 
@@ -60,6 +61,7 @@ class StagePlan:
     backend_reason: str
     workers: int
     precision: str
+    trainable_dtype: str  # what the trained parameters are held in (align/precision.py)
     seed: int
     accelerator: bool
     offload_optimizer: bool
@@ -125,7 +127,7 @@ def reward_model_params(pipeline: Pipeline, name: str, policy: Architecture) -> 
 
 
 def resolve_precision(requested: str, hardware: Hardware) -> str:
-    """`auto` is bf16 where the accelerator has it, else fp32 (CPUs train in fp32 here)."""
+    """`auto` is bf16 (mixed) where the accelerator has it, else fp32 (CPUs train in fp32 here)."""
     if requested != "auto":
         return requested
     return "bf16" if hardware.bf16 else "fp32"
@@ -156,12 +158,14 @@ def workload(
     checkpointing = trl.get("activation_checkpointing") or trl_setting(
         stage.kind, trl, "gradient_checkpointing"
     )
+    compute = compute_dtype(precision)
     return Workload(
-        dtype="bf16" if precision == "fp32" and lora and lora.load_in_4bit else precision,
+        dtype="bf16" if compute == "fp32" and lora and lora.load_in_4bit else compute,
+        pure=precision == PURE,
         lora_rank=lora.r if lora else None,
         lora_targets=targets,
         quantize_4bit=bool(lora and lora.load_in_4bit),
-        frozen_models=frozen_models(placement, arch.param_count(), precision, reward_params),
+        frozen_models=frozen_models(placement, arch.param_count(), compute, reward_params),
         micro_batch_size=int(batch) * KINDS[stage.kind].sequences,
         seq_len=sequence_length(stage),
         gradient_checkpointing=bool(checkpointing),
@@ -245,7 +249,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     stage, where = pipeline.stages[name], f"stages.{name}"
     trains = KINDS[stage.kind].trains
     workers = pipeline.stage_setting(name, "workers") if trains else 1
-    # a merge is checked and saved in fp32, where an exact merge is measurable
+    # a merge is checked in fp32, where an exact merge is measurable (and saved in its input's dtype)
     precision = resolve_precision(pipeline.stage_setting(name, "precision"), hardware) if trains else "fp32"
     arch = stage_architecture(pipeline, name) if trains else None
     rewards = reward_model_params(pipeline, name, arch) if arch else {}
@@ -279,6 +283,8 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     else:
         reason = "named in the pipeline file"
     backend = BACKENDS[requested]
+    if trains and (problems := precision_problems(stage, where, precision)):
+        raise ConfigError(problems)
     if trains and (problems := backend.problems(stage, where, workers, precision)):
         raise ConfigError(problems)
     placement = plan_placement(stage, backend, precompute=precompute_asked)
@@ -300,6 +306,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         backend_reason=reason,
         workers=workers,
         precision=precision,
+        trainable_dtype=trainable_dtype(precision, backend.keeps_fp32_master),
         seed=pipeline.defaults.seed,
         accelerator=hardware.accelerator,
         offload_optimizer=backend.offloads_optimizer(stage),
@@ -324,6 +331,20 @@ def memory_as_it_runs(pipeline: Pipeline, stage: StagePlan) -> MemoryEstimate | 
     work = workload(stage.stage, stage.precision, stage.placement, arch, rewards)
     backend = BACKENDS[stage.backend]
     return backend.estimates(arch, work, stage.workers, stage.stage)[backend.option(stage.stage)]
+
+
+def precision_problems(stage: StageBase, where: str, precision: str) -> list[Problem]:
+    """`bf16-pure` trains full parameters only: a LoRA stage's adapters are small and already train in
+    fp32 over a bf16 base under `bf16`, so pure bf16 would risk their updates for almost no memory."""
+    if precision == PURE and getattr(stage, "lora", None) is not None:
+        return [
+            Problem(
+                f"{where}.precision" if stage.precision else "defaults.precision",
+                "bf16-pure is for full-parameter training; with `lora:` use `precision: bf16` (a bf16 base, "
+                "fp32 adapters)",
+            )
+        ]
+    return []
 
 
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:

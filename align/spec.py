@@ -68,7 +68,10 @@ class StageBase(Strict):
     model: str | None = None  # default: the pipeline's base_model
     backend: str | None = None  # auto or a registered backend (checked by align.pipeline_file)
     workers: Annotated[int, Field(gt=0)] | None = None
-    precision: Literal["auto", "fp32", "bf16", "fp16"] | None = None
+    precision: Literal["auto", "fp32", "bf16", "bf16-pure", "fp16"] | None = None
+    save_dtype: Literal["input", "fp32", "bf16", "fp16"] = "input"
+    """The dtype of the weights the stage writes: `input` is the input model's (a bf16 model stays bf16 after
+    mixed-precision training in fp32), and keeps an adapter as trained."""
     zero2: Zero2Spec = Zero2Spec()
     fsdp: FSDPSpec = FSDPSpec()
     max_failures: Annotated[int, Field(ge=0)] | None = None
@@ -204,7 +207,7 @@ class Defaults(Strict):
 
     backend: str = "auto"  # or a registered backend (checked by align.pipeline_file)
     workers: Annotated[int, Field(gt=0)] = 1
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "bf16-pure", "fp16"] = "auto"  # align/precision.py
     output_root: str = "runs"
     seed: int = 0
     device_memory: str | None = None  # e.g. "80GB"; detected when absent

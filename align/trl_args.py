@@ -25,6 +25,7 @@ from typing import Any
 from align.cache import cache_root
 from align.errors import Problem
 from align.fingerprint import digest
+from align.precision import compute_dtype
 from align.spec import KINDS
 from align.validation import suggestion
 
@@ -41,8 +42,8 @@ CHECK_FORMAT = 2  # bump when what a cached check holds changes
 OWNED_BY_ALIGN = {
     "output_dir": "outputs go to <output_root>/<pipeline>/<stage>; set defaults.output_root",
     "seed": "set defaults.seed",
-    "bf16": "set the stage's or the defaults' `precision` (auto, fp32, bf16, fp16)",
-    "fp16": "set the stage's or the defaults' `precision` (auto, fp32, bf16, fp16)",
+    "bf16": "set the stage's or the defaults' `precision` (auto, fp32, bf16, bf16-pure, fp16)",
+    "fp16": "set the stage's or the defaults' `precision` (auto, fp32, bf16, bf16-pure, fp16)",
     "use_cpu": "align picks the device from the hardware",
     "deepspeed": "set `backend: zero2` and the stage's `zero2:` block (its `config:` names your own JSON)",
     "fsdp": "set `backend: fsdp` and the stage's `fsdp:` block",
@@ -186,7 +187,7 @@ def build_config(
         **coerce(kind, block),
         output_dir=output_dir,
         seed=seed,
-        bf16=precision == "bf16",
+        bf16=compute_dtype(precision) == "bf16",
         fp16=precision == "fp16",
         use_cpu=not accelerator,
         **align_args,

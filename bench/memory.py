@@ -80,8 +80,8 @@ def bench_model() -> Path:
     return build_once(cache_root() / "bench" / "llama-60m", build_bench_model)
 
 
-def pipeline_body(model_dir: Path, steps: int) -> dict[str, Any]:
-    """An ordinary align pipeline: one SFT stage per backend, fp32 on CPU and bf16 on GPU (`auto`)."""
+def pipeline_body(model_dir: Path, steps: int, precision: str, names: list[str]) -> dict[str, Any]:
+    """An ordinary align pipeline: one SFT stage per named backend; `auto` is fp32 on CPU, bf16 on GPU."""
     trl = {
         "max_steps": steps,
         "per_device_train_batch_size": 2,
@@ -96,8 +96,9 @@ def pipeline_body(model_dir: Path, steps: int) -> dict[str, Any]:
     stages = {
         name: {"kind": "sft", "backend": backend, "data": data, "trl": trl, **settings}
         for name, (backend, settings) in STAGES.items()
+        if name in names
     }
-    defaults = {"output_root": str(RUNS), "workers": WORKERS, "precision": "auto", "seed": 0}
+    defaults = {"output_root": str(RUNS), "workers": WORKERS, "precision": precision, "seed": 0}
     return {"name": PIPELINE, "base_model": str(model_dir), "defaults": defaults, "stages": stages}
 
 
@@ -238,7 +239,7 @@ def run_metadata(plan: Any, params: int, seconds: float, gpu: bool) -> dict[str,
     """What produced the numbers: model, settings, hardware, versions, runtime."""
     from align.run.records import versions
 
-    first = plan.stages[next(iter(STAGES))]
+    first = plan.stages[plan.order[0]]
     trl = first.stage.trl
     return {
         "model": {**SHAPE, "params": params},
@@ -262,6 +263,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per stage (default 6)")
     parser.add_argument("--only", nargs="*", choices=list(STAGES), help="run these stages only")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "bf16-pure"],
+        help="every stage's precision (default auto); other than auto, the results page is named after it",
+    )
     return parser.parse_args()
 
 
@@ -280,9 +287,10 @@ def main() -> int:
         return 1
     RUNS.mkdir(parents=True, exist_ok=True)
     path = RUNS / f"{PIPELINE}.yaml"
-    path.write_text(yaml.safe_dump(pipeline_body(bench_model(), args.steps), sort_keys=False))
-    plan = build(load(path), Hardware.detect())
     names = args.only or list(STAGES)
+    body = pipeline_body(bench_model(), args.steps, args.precision, names)
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    plan = build(load(path), Hardware.detect())
     failures = run_stages(plan, names, gpu)
     results = {}
     for name in names:
@@ -294,7 +302,8 @@ def main() -> int:
     params = plan.stages[names[0]].memory_by_backend["ddp"].trainable_params
     meta = run_metadata(plan, params, time.time() - started, gpu)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"memory-{meta['device']}"
+    suffix = "" if args.precision == "auto" else f"-{args.precision}"
+    stem = RESULTS / f"memory-{meta['device']}{suffix}"
     stem.with_suffix(".json").write_text(json.dumps({"run": meta, "stages": results}, indent=2) + "\n")
     stem.with_suffix(".md").write_text(tables.markdown(meta, results))
     print(stem.with_suffix(".md").read_text())

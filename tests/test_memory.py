@@ -22,6 +22,7 @@ from align.memory import (
 PSI = 13_000_000_000  # the ZeRO paper's 13B example
 GB = 10**9
 MIXED = Workload(dtype="bf16")
+PURE = Workload(dtype="bf16", pure=True)
 
 
 def tiny_config(**overrides) -> LlamaConfig:
@@ -38,11 +39,22 @@ def tiny_config(**overrides) -> LlamaConfig:
 
 
 def test_13b_ddp_holds_16_bytes_per_param() -> None:
+    """Mixed bf16 under DDP: fp32 weights autocast to bf16, fp32 grads and moments, no separate master."""
     plan = estimate(PSI, MIXED, backend="ddp", world_size=8)
 
-    assert plan.device == StateBytes(params=26 * GB, grads=26 * GB, optimizer=104 * GB, master=52 * GB)
+    assert plan.device == StateBytes(params=52 * GB, grads=52 * GB, optimizer=104 * GB)
     assert plan.total == 208 * GB
     assert plan.host.total == 0
+
+
+def test_pure_bf16_holds_8_bytes_per_param_under_ddp_and_fsdp() -> None:
+    """bf16 weights, grads and both Adam moments: half of mixed precision's model states."""
+    assert estimate(PSI, PURE, backend="ddp", world_size=8).device == StateBytes(
+        params=26 * GB, grads=26 * GB, optimizer=52 * GB
+    )
+    assert estimate(PSI, PURE, backend="fsdp", world_size=8).total == 8 * PSI // 8
+    with pytest.raises(ValueError, match="16-bit dtype"):
+        Workload(dtype="fp32", pure=True)
 
 
 def test_13b_zero2_shards_all_but_the_16bit_params_as_deepspeed_counts() -> None:
@@ -97,8 +109,8 @@ def test_fsdp_offload() -> None:
 
     assert params_offloaded.total == 0
     assert params_offloaded.host.total == 16 * PSI // 8
-    assert optimizer_offloaded.device == StateBytes(params=2 * PSI // 8, grads=2 * PSI // 8)
-    assert optimizer_offloaded.host == StateBytes(optimizer=8 * PSI // 8, master=4 * PSI // 8)
+    assert optimizer_offloaded.device == StateBytes(params=4 * PSI // 8, grads=4 * PSI // 8)
+    assert optimizer_offloaded.host == StateBytes(optimizer=8 * PSI // 8)
 
 
 def test_fp32_has_no_master_copy_under_ddp_and_fsdp() -> None:
@@ -183,9 +195,9 @@ def test_qlora_packs_decoder_linears_to_nf4() -> None:
     arch = PRESETS["llama3-8b"]
     plan = estimate(arch, Workload(lora_rank=16, quantize_4bit=True), backend="ddp", world_size=1)
 
-    # 6.98B linear weights at 9/16 byte, embeddings + lm_head + norms at 2 bytes, adapters at 2 bytes.
+    # 6.98B linear weights at 9/16 byte, embeddings + lm_head + norms at 2 bytes, fp32 adapters at 4 bytes.
     assert arch.linear_weight_count() == 6_979_321_856
-    assert plan.device.params == 3_925_868_544 + 2_101_878_784 + 83_886_080
+    assert plan.device.params == 3_925_868_544 + 2_101_878_784 + 4 * 41_943_040
     assert plan.trainable_params == 41_943_040
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from align.errors import Problem
 from align.memory import Workload, estimate
+from align.precision import compute_dtype as precision_compute_dtype
 
 if TYPE_CHECKING:
     from align.architectures import Architecture
@@ -37,6 +38,7 @@ class FSDP:
     titles = {"fsdp": "FSDP"}
     policy_held = "parameters, grads and optimizer states sharded"
     frozen_sharded = True
+    keeps_fp32_master = False  # fp32 shards, gathered in bf16 by FSDP2's MixedPrecisionPolicy
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:
         """What this backend would not shard, refused rather than run unsharded under the name fsdp."""
@@ -96,6 +98,9 @@ class FSDP:
     def model_kwargs(self, plan: PlannedStage) -> dict[str, Any]:
         """Shard at load time: each rank reads only its part of every parameter.
 
+        A bf16 compute dtype sets transformers' FSDP2 `MixedPrecisionPolicy(param_dtype=bf16,
+        reduce_dtype=fp32)` on every unit: under `precision: bf16` over the fp32 shards the policy loads in
+        (the optimizer steps fp32 weights with fp32 moments), under `bf16-pure` over bf16 shards.
         Offload applies with an accelerator only: on a CPU run the shards already live in host memory, and
         FSDP2's offload policy would pin memory, which needs an accelerator.
         """
@@ -129,4 +134,4 @@ class FSDP:
 def compute_dtype(stage: StageBase, precision: str) -> str:
     """The dtype FSDP computes in: the stage's `fsdp.mixed_precision`, where `auto` follows its precision."""
     requested = stage.fsdp.mixed_precision
-    return precision if requested == "auto" else requested
+    return precision_compute_dtype(precision) if requested == "auto" else requested

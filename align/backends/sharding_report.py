@@ -1,4 +1,4 @@
-"""Per-rank evidence of what a backend really did: optimizer class, local vs total elements.
+"""Per-rank evidence of what a backend really did: optimizer class, local vs total elements, dtypes.
 
 Every backend writes `logs/placement-rank{R}.json` once the first optimizer step has run, so a
 claim such as "ZeRO-2 shards the optimizer states" or "FSDP shards the parameters" is checked on
@@ -27,23 +27,36 @@ def global_numel(tensor: torch.Tensor) -> int:
     return getattr(tensor, "ds_numel", None) or tensor.numel()
 
 
-def optimizer_state_numel(optimizer: Any) -> int:
-    """Elements of every tensor the optimizer keeps per parameter (Adam moments and the like)."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate and DeepSpeed wrap the real one
-    inner = getattr(inner, "optimizer", inner)
-    return sum(
-        local_numel(value)
-        for state in inner.state.values()
+def inner_optimizer(optimizer: Any) -> Any:
+    """The optimizer that steps: accelerate and DeepSpeed wrap the real one."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return getattr(inner, "optimizer", inner)
+
+
+def state_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps per parameter (Adam moments and the like)."""
+    return [
+        value
+        for state in inner_optimizer(optimizer).state.values()
         for value in state.values()
         if torch.is_tensor(value) and value.dim() > 0
-    )
+    ]
+
+
+def optimizer_state_numel(optimizer: Any) -> int:
+    """Elements of every tensor the optimizer keeps per parameter."""
+    return sum(local_numel(value) for value in state_tensors(optimizer))
+
+
+def dtypes(tensors: Any) -> list[str]:
+    """The distinct dtypes of `tensors`, sorted, as `float32`, `bfloat16`: fp32 Adam moments are mixed
+    precision's, bf16 ones pure bf16's."""
+    return sorted({str(tensor.dtype).removeprefix("torch.") for tensor in tensors})
 
 
 def optimizer_class(optimizer: Any) -> str:
     """The innermost optimizer's class name: what actually steps (e.g. DeepSpeedCPUAdam)."""
-    inner = getattr(optimizer, "optimizer", optimizer)
-    inner = getattr(inner, "optimizer", inner)
-    return type(inner).__name__
+    return type(inner_optimizer(optimizer)).__name__
 
 
 def sharding_facts(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
@@ -59,6 +72,9 @@ def sharding_facts(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
         "param_elements_total": sum(global_numel(p) for p in params),
         "trainable_elements_total": sum(global_numel(p) for p in trainable),
         "optimizer_state_elements_local": optimizer_state_numel(optimizer),
+        "optimizer_state_dtypes": dtypes(state_tensors(optimizer)),
+        "trainable_dtypes": dtypes(trainable),
+        "frozen_dtypes": dtypes(p for p in params if not p.requires_grad),
         "dtensor_params": sum(hasattr(p, "to_local") for p in params),
         **peaks(),
     }

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from align.backends.ddp import DDP
 from align.errors import ConfigError, Problem
 from align.memory import Workload, estimate
+from align.precision import MIXED, PURE
 
 if TYPE_CHECKING:
     from align.architectures import Architecture
@@ -37,9 +38,19 @@ class Zero2(DDP):
     name = "zero2"
     titles = {"zero2": "ZeRO-2", "zero2+offload": "ZeRO-2 with CPU optimizer offload"}
     policy_held = "weights replicated; grads and optimizer states sharded"
+    keeps_fp32_master = True  # DeepSpeed casts the weights to 16 bits and steps its own fp32 partition
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:
-        """A user's own DeepSpeed JSON is read now, not after Ray has started the stage."""
+        """DeepSpeed always keeps an fp32 master, so it cannot run bf16-pure; a user's own DeepSpeed JSON is
+        read now, not after Ray has started the stage."""
+        if precision == PURE:
+            return [
+                Problem(
+                    f"{where}.backend",
+                    "zero2 always keeps an fp32 master copy (DeepSpeed's bf16 mode), so it cannot run "
+                    "`precision: bf16-pure`; use `precision: bf16`, or `backend: fsdp` / `ddp` for pure bf16",
+                )
+            ]
         if stage.zero2.config is None:
             return []
         try:
@@ -95,7 +106,7 @@ def deepspeed_config(plan: PlannedStage) -> dict[str, Any]:
     if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
         config["optimizer"] = ADAMW
-    if plan.precision in ("bf16", "fp16"):
+    if plan.precision in MIXED:
         config[plan.precision] = {"enabled": True}
     return config
 

@@ -85,6 +85,7 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
             "backend": stage.backend,
             "workers": stage.workers,
             "precision": stage.precision,
+            "trainable_dtype": stage.trainable_dtype,  # bf16 once meant bf16 weights: such runs train again
             "seed": stage.seed,
             "model": records.model_identity(inputs.model.base) if own_model else None,
             "reward_models": {i: records.model_identity(f) for i, f in inputs.reward_models.items()},
@@ -139,6 +140,7 @@ def run_stage(
             "backend_reason": stage.backend_reason,
             "workers": stage.workers,
             "precision": stage.precision,
+            "trainable_dtype": stage.trainable_dtype,
             "seed": stage.seed,
             "model": inputs.base,
             "adapters": list(inputs.adapters),

@@ -18,6 +18,7 @@ from align.data import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVA
 from align.models import load_causal_lm, load_tokenizer
 from align.placement import REFERENCE_COPY
 from align.plan import ModelInput, StagePlan
+from align.precision import compute_dtype
 from align.secrets import is_secret_name
 from align.spec import LoraSpec
 from align.stages.checkpointing import checkpoint_callbacks
@@ -56,7 +57,16 @@ class StageContext:
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.plan.precision]
+        """The compute dtype: of frozen models, and of a LoRA base."""
+        return DTYPES[compute_dtype(self.plan.precision)]
+
+    @property
+    def load_dtype(self) -> torch.dtype:
+        """The dtype the stage's own model loads in: the compute dtype under LoRA (the base is frozen),
+        else the dtype its trained weights are held in (fp32 under mixed precision on ddp and fsdp)."""
+        if getattr(self.plan.stage, "lora", None) is not None:
+            return self.dtype
+        return DTYPES[self.plan.trainable_dtype]
 
     def callbacks(self) -> list[Any]:
         """The backend's trainer callbacks, writing under the stage's logs/, then align's: the progress
@@ -91,11 +101,13 @@ class StageResult:
     samples: list[dict[str, str]] = field(default_factory=list)
 
 
-def load_stage_model(ctx: StageContext, *, quantize_4bit: bool = False) -> torch.nn.Module:
-    """The input model with its earlier adapters merged in, loaded the way the backend asks."""
-    # a backend may override the dtype (FSDP keeps fp32 shards and computes in bf16)
+def load_stage_model(
+    ctx: StageContext, *, quantize_4bit: bool = False, frozen: bool = False
+) -> torch.nn.Module:
+    """The input model with its earlier adapters merged in, loaded the way the backend asks: in the dtype
+    the stage trains it in, or, `frozen`, in the compute dtype."""
     kwargs = {
-        "dtype": ctx.dtype,
+        "dtype": ctx.dtype if frozen else ctx.load_dtype,
         "trust_remote_code": ctx.plan.remote_code,
         **ctx.backend.model_kwargs(ctx.plan),
     }
@@ -120,7 +132,7 @@ def frozen_reference(ctx: StageContext) -> torch.nn.Module | None:
     the policy (sharded under fsdp); None when there is none to load (LoRA disables the adapters)."""
     if ctx.plan.placement.reference != REFERENCE_COPY:
         return None
-    return place_frozen(ctx, load_stage_model(ctx).requires_grad_(False).eval())
+    return place_frozen(ctx, load_stage_model(ctx, frozen=True).requires_grad_(False).eval())
 
 
 def place_frozen(
@@ -247,7 +259,7 @@ def merged_input(ctx: StageContext) -> Iterator[str]:
     if not ctx.model_input.adapters:
         yield ctx.model_input.base
         return
-    base = load_causal_lm(ctx.model_input.base, dtype=ctx.dtype, trust_remote_code=ctx.plan.remote_code)
+    base = load_causal_lm(ctx.model_input.base, dtype=ctx.load_dtype, trust_remote_code=ctx.plan.remote_code)
     model = merge_adapters(base, ctx.model_input.adapters)
     with tempfile.TemporaryDirectory(prefix=".merged-input-", dir=ctx.output_dir) as folder:
         model.save_pretrained(folder)

@@ -1,7 +1,9 @@
 """Merge LoRA adapters into their base and save a plain `transformers` model folder.
 
 Merging must not change the model: the merged model's logits are compared with the adapter
-model's on a few prompts in fp32, and the stage fails if they differ by more than the tolerance.
+model's on a few prompts in fp32, and the stage fails if they differ by more than the tolerance. The
+merged model is then published in the input model's dtype (a bf16 base gives a bf16 model), or the
+stage's `save_dtype`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 from align.errors import StageFailed
 from align.plan import ModelInput
 from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
+from align.stages.export import publish
 from align.stages.samples import SAMPLE_PROMPTS, greedy_completions, paired
 
 
@@ -29,8 +32,9 @@ def prompt_logits(model: torch.nn.Module, tokenizer, prompts: list[str]) -> list
 
 
 def run(ctx: StageContext) -> StageResult:
-    """Apply every adapter of the input, check the merge is exact, and save model/ with its tokenizer. The
-    check prompts' greedy completions by the adapter model and by the merged one are its samples."""
+    """Apply every adapter of the input, check the merge is exact, and save model/ (in the input's dtype)
+    with its tokenizer. The check prompts' greedy completions by the adapter model and by the merged one
+    are its samples."""
     from peft import PeftModel
 
     stage = ctx.plan.stage
@@ -50,8 +54,10 @@ def run(ctx: StageContext) -> StageResult:
             f"merged logits differ from the adapter model's by {max_delta:.3g} "
             f"> tolerance {stage.tolerance:g}; the merged model was not published"
         )
-    merged.save_pretrained(str(ctx.output_dir / "model"), safe_serialization=True)
-    tokenizer.save_pretrained(str(ctx.output_dir / "model"))
+    folder = ctx.output_dir / "model"
+    merged.save_pretrained(str(folder), safe_serialization=True)
+    publish(ctx, folder, "model")
+    tokenizer.save_pretrained(str(folder))
     return StageResult(
         output="model",
         metrics={

@@ -36,7 +36,7 @@ def load_reward_model(ctx: StageContext) -> torch.nn.Module:
             folder,
             num_labels=1,
             trust_remote_code=ctx.plan.remote_code,
-            **{"dtype": ctx.dtype, **ctx.backend.model_kwargs(ctx.plan)},
+            **{"dtype": ctx.load_dtype, **ctx.backend.model_kwargs(ctx.plan)},
         )
     return ctx.backend.prepare(model, ctx.plan)
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from align.stages.context import StageContext, StageResult
+from align.stages.context import DTYPES, StageContext, StageResult
+from align.stages.export import publish
 from align.stages.samples import greedy_completions, paired
 
 
@@ -49,13 +50,14 @@ class Training:
 
 
 def train_stage(ctx: StageContext, training: Training) -> StageResult:
-    """Verify the backend, measure held out and sample it, train, measure and sample again, save output and
-    tokenizer, and record the curves, the step time, the share of trainable parameters that moved and
-    whether a reference copy was loaded."""
+    """Verify the backend, measure held out and sample it, train, measure and sample again, save output (in
+    its export dtype) and tokenizer, and record the curves, the step time, the share of trainable parameters
+    that moved and whether a reference copy was loaded."""
     trainer = training.trainer
     model = training.model if training.model is not None else trainer.model
     sampler = training.sampler if training.sampler is not None else trainer.model
     prompts = training.sample_prompts
+    hold_trainable(model, DTYPES[ctx.plan.trainable_dtype])
     ctx.backend.verify(model, ctx.plan)
     metrics = dict(training.held_out("before"))
     completions_before = greedy_completions(sampler, training.tokenizer, prompts)
@@ -74,12 +76,22 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     else:
         trainer.save_model(str(folder))  # every rank: a sharded model gathers collectively
     if ctx.is_main:
+        publish(ctx, folder, training.output)
         training.tokenizer.save_pretrained(str(folder))
         history = write_log_history(trainer, ctx.output_dir)
         for key, name in training.curves:
             metrics.update(curve_ends(history, key, name))
     samples = paired(prompts, completions_before, completions_after)
     return StageResult(training.output, metrics, trainer.state.global_step, samples)
+
+
+@torch.no_grad()
+def hold_trainable(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Hold every trained parameter in the plan's dtype before the optimizer is built: fp32 under mixed
+    precision, where TRL casts QLoRA adapters to bf16 (which would leave them with no fp32 copy)."""
+    for param in model.parameters():
+        if param.requires_grad and param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def suffixed(metrics: dict[str, float], phase: str) -> dict[str, float]:
