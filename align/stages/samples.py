@@ -47,7 +47,9 @@ def shown(prompt: Any) -> str:
 
 
 @torch.no_grad()
-def greedy_completions(model: Any, tokenizer: Any, prompts: list[Any], max_new_tokens: int = SAMPLE_TOKENS):
+def greedy_completions(
+    model: Any, tokenizer: Any, prompts: list[Any], max_new_tokens: int = SAMPLE_TOKENS
+) -> list[str]:
     """One greedy completion per prompt, in one batch. Every rank calls it: under a sharded backend each
     forward is a collective, so every rank keeps stepping until all are done (`synced_gpus`)."""
     if not prompts:
