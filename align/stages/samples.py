@@ -12,20 +12,30 @@ from align.trainers.sampling import prompt_text
 
 SAMPLE_PROMPTS = 4
 SAMPLE_TOKENS = 24  # enough to read a reply's start, cheap even for a large model under a sharded backend
+SCAN_ROWS = 64  # held-out rows read for distinct prompts
+
+
+def row_prompt(row: dict[str, Any]) -> Any:
+    """A row's prompt: the `prompt` column, or a conversation's turns before its last reply, or the first
+    half of a plain text (SFT's `text` format has no prompt of its own)."""
+    if "prompt" in row:
+        return row["prompt"]
+    if "messages" in row:
+        return row["messages"][:-1]
+    words = row["text"].split()
+    return " ".join(words[: max(1, len(words) // 2)])
 
 
 def sample_prompts(rows: Any, count: int = SAMPLE_PROMPTS) -> list[Any]:
-    """The first `count` held-out prompts: the `prompt` column, or a conversation's turns before its last
-    reply, or the first half of a plain text (SFT's `text` format has no prompt of its own)."""
-    prompts = []
-    for row in rows.select(range(min(count, len(rows)))):
-        if "prompt" in row:
-            prompts.append(row["prompt"])
-        elif "messages" in row:
-            prompts.append(row["messages"][:-1])
-        else:
-            words = row["text"].split()
-            prompts.append(" ".join(words[: max(1, len(words) // 2)]))
+    """The first `count` distinct held-out prompts (held-out data may pair one prompt with several
+    replies), read from the first SCAN_ROWS rows."""
+    prompts: list[Any] = []
+    for row in rows.select(range(min(SCAN_ROWS, len(rows)))):
+        prompt = row_prompt(row)
+        if prompt not in prompts:
+            prompts.append(prompt)
+        if len(prompts) == count:
+            break
     return prompts
 
 
@@ -37,7 +47,9 @@ def shown(prompt: Any) -> str:
 
 
 @torch.no_grad()
-def greedy_completions(model: Any, tokenizer: Any, prompts: list[Any], max_new_tokens: int = SAMPLE_TOKENS):
+def greedy_completions(
+    model: Any, tokenizer: Any, prompts: list[Any], max_new_tokens: int = SAMPLE_TOKENS
+) -> list[str]:
     """One greedy completion per prompt, in one batch. Every rank calls it: under a sharded backend each
     forward is a collective, so every rank keeps stepping until all are done (`synced_gpus`)."""
     if not prompts:
