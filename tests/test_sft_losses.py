@@ -31,7 +31,7 @@ def sft_losses(folder: Path) -> list[float]:
         "stages": {
             "sft": {
                 "kind": "sft",
-                "data": {"train": "align:chatterbot/sft/train", "max_train_rows": 64},
+                "data": {"train": "align:chatterbot/sft/train", "eval": "none", "max_train_rows": 64},
                 "trl": {
                     "max_steps": 6,
                     "logging_steps": 1,
