@@ -49,16 +49,15 @@ def run(ctx: StageContext) -> StageResult:
         implicit reward against the reference (`dpo_reward_*`, what TRL reports as rewards/accuracies and
         rewards/margins; zero before training, when the policy is the reference)."""
         own = preference_scores(trainer.model, tokenizer, evaluation, config.max_length or 1024)
+        if phase == "before" and not ctx.backend.evaluates_untrained:
+            return suffixed(own, phase)  # DeepSpeed ZeRO-1/2 refuses to evaluate before train()
         trainer.evaluate()  # TRL logs its DPO metrics rather than returning them
         logged = trainer.state.log_history[-1]
-        return suffixed(
-            {
-                **own,
-                "dpo_reward_accuracy": logged["eval_rewards/accuracies"],
-                "dpo_reward_margin": logged["eval_rewards/margins"],
-            },
-            phase,
-        )
+        against_reference = {
+            "dpo_reward_accuracy": logged["eval_rewards/accuracies"],
+            "dpo_reward_margin": logged["eval_rewards/margins"],
+        }
+        return suffixed({**own, **against_reference}, phase)
 
     output = "adapter" if lora else "model"
     measure = scores if evaluation is not None else no_measure

@@ -21,9 +21,10 @@ def run(ctx: StageContext) -> StageResult:
 
     lora = ctx.plan.stage.lora
     train, evaluation = stage_data(ctx)
-    # evaluating before training goes through the trainer's own start-of-training hook: a bare
-    # evaluate() before train() is refused by DeepSpeed ZeRO-1/2 (no engine yet)
-    config = stage_config(ctx, {"eval_on_start": evaluation is not None})
+    # evaluating before training goes through the trainer's own start-of-training hook, where the backend
+    # allows it (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)
+    before = evaluation is not None and ctx.backend.evaluates_untrained
+    config = stage_config(ctx, {"eval_on_start": before})
     tokenizer = stage_tokenizer(ctx)
     trainer = SFTTrainer(
         model=load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
@@ -38,8 +39,11 @@ def run(ctx: StageContext) -> StageResult:
     def eval_loss(phase: str) -> dict[str, float]:
         if evaluation is None or phase == "before":
             return {}
+        after = {"eval_loss_after": trainer.evaluate()["eval_loss"]}
+        if not before:
+            return after
         logged = next(entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry)
-        return {"eval_loss_before": logged, "eval_loss_after": trainer.evaluate()["eval_loss"]}
+        return {"eval_loss_before": logged, **after}
 
     output = "adapter" if lora else "model"
     prompts = sample_prompts(evaluation if evaluation is not None else train)
