@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 CHECKPOINTS = "checkpoints"
+KEEP = 2  # complete checkpoints kept unless `trl.save_total_limit` says otherwise
 COMPLETE = "align-complete"
 STEP_FOLDER = re.compile(r"checkpoint-(\d+)")
 

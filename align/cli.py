@@ -77,11 +77,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from align.run.launch import worker_env
     from align.run.lock import check_free
-    from align.run.records import stage_dir
+    from align.run.records import pipeline_dir
     from align.run.submit import outside_project, submit
 
     pipeline = build_plan(args).pipeline  # refuse here what `validate` refuses, before it reaches the cluster
-    check_free(stage_dir(pipeline.defaults.output_root, pipeline.name, "x").parent)  # a run here holds it
+    check_free(pipeline_dir(pipeline.defaults.output_root, pipeline.name))  # a run here holds it
     elsewhere = outside_project(args.file, pipeline.model_dump(mode="json"), Path.cwd())
     if elsewhere:
         print("note: only this folder travels with the job; these paths must exist on the cluster too:")

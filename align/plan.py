@@ -10,7 +10,7 @@ again. Nothing downstream re-reads the YAML.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from align.architectures import Architecture, architecture_for
 from align.backends import BACKENDS, Backend
@@ -320,17 +320,22 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     )
 
 
-def memory_as_it_runs(pipeline: Pipeline, stage: StagePlan) -> MemoryEstimate | None:
-    """The stage's per-rank memory under its backend and placement. The plan made before the run has none
-    when its model was not present yet (a builtin built on first use); by launch it is, so it is priced
-    then, for the record. The backend stays the one planned: only the bytes are filled in."""
+def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
+    """The stage with its memory plan. The plan made before the run has none when its model was not present
+    yet (a builtin built on first use); by launch it is, so it is priced then, for the disk check and the
+    record. The backend and placement stay the ones planned: only the bytes are filled in."""
     arch = stage_architecture(pipeline, stage.name) if KINDS[stage.kind].trains else None
     if stage.memory is not None or arch is None:
-        return stage.memory
+        return stage
     rewards = reward_model_params(pipeline, stage.name, arch)
     work = workload(stage.stage, stage.precision, stage.placement, arch, rewards)
-    backend = BACKENDS[stage.backend]
-    return backend.estimates(arch, work, stage.workers, stage.stage)[backend.option(stage.stage)]
+    by_backend = {
+        option: estimate
+        for backend in BACKENDS.values()
+        for option, estimate in backend.estimates(arch, work, stage.workers, stage.stage).items()
+    }
+    chosen = by_backend[BACKENDS[stage.backend].option(stage.stage)]
+    return replace(stage, memory=chosen, memory_by_backend=by_backend)
 
 
 def precision_problems(stage: StageBase, where: str, precision: str) -> list[Problem]:

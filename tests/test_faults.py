@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import yaml
 
 from align.checkpoints import COMPLETE, latest_complete
 from align.corpora import builtin_path
+from tests.mounts import tmpfs
 from tests.pipelines import QUIET_TRL, losses, stage_record
 
 pytestmark = pytest.mark.integration
@@ -204,13 +204,8 @@ def test_ctrl_c_stops_every_process_keeps_the_stage_aside_and_says_how_to_resume
 
 
 @pytest.mark.faults
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
 def test_an_output_root_without_room_is_refused_before_training(data, tmp_path):
-    root = tmp_path / "small"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(root)]).returncode:
-        pytest.skip("this machine does not let the test mount a tmpfs")
-    try:
+    with tmpfs(tmp_path / "small", "size=2m") as root:
         path = write(tmp_path, "full", data=str(data / "data" / "sft.jsonl"), output_root=str(root))
         started = time.monotonic()
         _, err = finish(start(path, cwd=tmp_path), expect=2, timeout=120)
@@ -218,6 +213,3 @@ def test_an_output_root_without_room_is_refused_before_training(data, tmp_path):
         [line] = [line for line in err.splitlines() if line.startswith("error:")]
         assert f"{root}/full has" in line and "free; stage 'sft' needs about" in line
         assert not list((root / "full").glob(".sft.*"))
-    finally:
-        subprocess.run(["umount", str(root)])
-        shutil.rmtree(root, ignore_errors=True)

@@ -251,7 +251,8 @@ def test_a_builtin_not_built_at_plan_time_is_priced_at_launch_under_the_planned_
 ):
     """A fresh machine plans the demo before its tiny model exists: no memory plan then. By launch the
     model is built, and the record gets the bytes a plan made now would show, for the backend chosen then."""
-    from align.plan import memory_as_it_runs
+    from align.plan import priced_at_launch
+    from align.run.disk import disk_need
 
     monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
     cpu = Hardware(accelerator=False, device_memory=80 * GB)
@@ -260,7 +261,9 @@ def test_a_builtin_not_built_at_plan_time_is_priced_at_launch_under_the_planned_
     resolve_model("tiny")
     after = build(load("pipelines/tiny_sft_dpo_merge.yaml"), cpu)
     for name in ("sft", "dpo"):
-        priced = memory_as_it_runs(before.pipeline, before.stages[name])
+        stage = priced_at_launch(before.pipeline, before.stages[name])
+        priced = stage.memory
         assert before.stages[name].backend == after.stages[name].backend
         assert priced is not None and priced.rows() == after.stages[name].memory.rows()
-    assert memory_as_it_runs(before.pipeline, before.stages["merge"]) is None  # a merge trains nothing
+        assert disk_need(stage) is not None  # the disk check before training has bytes to count too
+    assert priced_at_launch(before.pipeline, before.stages["merge"]).memory is None  # a merge trains nothing

@@ -27,6 +27,7 @@ from align.run import records
 from align.run.controller import run_plan
 from align.run.launch import LostWorkers
 from align.run.lock import LOCK, run_lock
+from tests.mounts import tmpfs
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
 
@@ -207,18 +208,11 @@ with run_lock(Path(sys.argv[1]), "align run survive.yaml") as lock:
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only folder needs root")
 def test_a_read_only_output_root_is_one_clear_line(pipeline, tmp_path):
-    root = tmp_path / "readonly"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)]).returncode:
-        pytest.skip("this machine does not let the test mount a tmpfs")
-    try:
+    with tmpfs(tmp_path / "readonly", "ro,size=1m") as root:
         plan = build(load(pipeline, [f"defaults.output_root={root}"]), CPU)
         with pytest.raises(AlignError, match=rf"cannot write to {root}/survive: Read-only file system"):
             run_plan(plan, launch=Script(([], None)))
-    finally:
-        subprocess.run(["umount", str(root)])
 
 
 def test_only_secrets_leave_a_trl_config_and_the_hub_token_moves_to_the_environment(monkeypatch, tmp_path):

@@ -20,7 +20,7 @@ from align.errors import AlignError, Interrupted, StageFailed
 from align.fingerprint import digest
 from align.graph import downstream, reference_target, upstream
 from align.models import resolve_model
-from align.plan import ModelInput, Plan, StageInputs, StagePlan, memory_as_it_runs
+from align.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
 from align.run import records
 from align.run.disk import check_space, probe_writable
 from align.run.launch import LostWorkers, connect, ray_launch
@@ -105,13 +105,12 @@ def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[
     return {"kind": "model", "path": path, "base": path, "adapters": []}
 
 
-def memory_plan(plan: Plan, stage: StagePlan) -> list[dict[str, Any]] | None:
+def memory_plan(stage: StagePlan) -> list[dict[str, Any]] | None:
     """The plan's per-rank bytes under the stage's backend, row by row as `align plan` shows them, so that
     `align report` can set them beside the peaks each rank measured; None without an architecture."""
-    memory = memory_as_it_runs(plan.pipeline, stage)
-    if memory is None:
+    if stage.memory is None:
         return None
-    return [{"what": label, "device": device, "host": host} for label, device, host in memory.rows()]
+    return [{"what": label, "device": device, "host": host} for label, device, host in stage.memory.rows()]
 
 
 def run_stage(
@@ -145,7 +144,7 @@ def run_stage(
             "model": inputs.base,
             "adapters": list(inputs.adapters),
         },
-        "memory_plan": memory_plan(plan, stage),
+        "memory_plan": memory_plan(stage),
         "versions": records.versions(),
         "git_sha": records.git_sha(),
         "started": time.time(),
@@ -256,7 +255,7 @@ def run_plan(
     wanted, forced = selected_stages(plan, list(only), [*force, *restart])
     root = plan.pipeline.defaults.output_root
     folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}
-    pipeline_folder = records.stage_dir(root, plan.pipeline.name, "x").parent
+    pipeline_folder = records.pipeline_dir(root, plan.pipeline.name)
     probe_writable(pipeline_folder)
     outcomes = []
     with run_lock(pipeline_folder, command) as lock:
@@ -276,6 +275,7 @@ def run_plan(
                 on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
                 outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
                 continue
+            stage = priced_at_launch(plan.pipeline, stage)
             check_space(stage, pipeline_folder)
             on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
             record = run_stage(

@@ -8,6 +8,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from align.checkpoints import KEEP
 from align.errors import AlignError
 from align.memory import format_bytes
 from align.plan import StagePlan
@@ -39,7 +40,7 @@ def checkpoint_count(stage: StagePlan) -> int:
     trl = getattr(stage.stage, "trl", {})
     if str(trl.get("save_strategy", "steps")) == "no":
         return 0
-    return int(trl.get("save_total_limit") or 2) + 1
+    return int(trl.get("save_total_limit") or KEEP) + 1
 
 
 def disk_need(stage: StagePlan) -> int | None:

@@ -37,8 +37,13 @@ PACKAGES = (
 )
 
 
+def pipeline_dir(output_root: str, pipeline: str) -> Path:
+    """Where a pipeline's stages, its run lock and Ray's messages live."""
+    return Path(output_root).resolve() / pipeline
+
+
 def stage_dir(output_root: str, pipeline: str, stage: str) -> Path:
-    return Path(output_root).resolve() / pipeline / stage
+    return pipeline_dir(output_root, pipeline) / stage
 
 
 def scratch_name(final: Path) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from align.backends import BACKENDS, Backend
-from align.checkpoints import CHECKPOINTS
+from align.checkpoints import CHECKPOINTS, KEEP
 from align.data import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
 from align.models import load_causal_lm, load_tokenizer
 from align.placement import REFERENCE_COPY
@@ -190,7 +190,7 @@ def stage_data(ctx: StageContext) -> tuple[Any, Any]:
     return train, evaluation
 
 
-CHECKPOINT_DEFAULTS = {"save_total_limit": 2}
+CHECKPOINT_DEFAULTS = {"save_total_limit": KEEP}
 """Unless the `trl:` block says otherwise: keep the last two complete checkpoints, not every one."""
 REPORT_DEFAULTS = {"report_to": ["tensorboard"]}
 """Unless the `trl:` block sets `report_to` (W&B, MLflow... as in TRL, their keys from the environment):
