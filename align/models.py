@@ -206,4 +206,18 @@ def load_causal_lm(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
         )
         kwargs.setdefault("device_map", "cpu")
-    return AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    return load_pretrained(AutoModelForCausalLM, model_dir, **kwargs)
+
+
+def load_pretrained(auto_class: Any, model_dir: str, **kwargs: Any) -> Any:
+    """`auto_class.from_pretrained`, naming the folder when its files do not read (a copy or download cut
+    short, a torn weights file): the loaders' own messages do not say which of a stage's models it was."""
+    from safetensors import SafetensorError
+
+    try:
+        return auto_class.from_pretrained(model_dir, **kwargs)
+    except (OSError, SafetensorError) as err:
+        raise ModelError(
+            f"the model in {model_dir} does not load ({type(err).__name__}: {err}): the folder is incomplete "
+            "or damaged; copy or build it again"
+        ) from err

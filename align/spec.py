@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator
 
+from align.architectures import resolve_lora_targets
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -31,6 +32,13 @@ class LoraSpec(Strict):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     load_in_4bit: bool = False
+
+    @field_validator("target_modules")
+    @classmethod
+    def names_decoder_linears(cls, targets: list[str] | str) -> list[str] | str:
+        """A name the model lacks would fail in the worker minutes later (NoMatchingPeftModuleError)."""
+        resolve_lora_targets(targets)
+        return targets
 
 
 class DataSpec(Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import multiprocessing
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -78,6 +79,13 @@ def test_load_causal_lm_dtype_and_tokenizer_pad_fallback(tiny_dir: Path, tmp_pat
     no_pad.save_pretrained(tmp_path)
     assert AutoTokenizer.from_pretrained(tmp_path).pad_token is None
     assert load_tokenizer(str(tmp_path)).pad_token == "<|im_end|>"
+
+
+def test_a_torn_weights_file_is_named_with_its_folder(tiny_dir: Path, tmp_path: Path) -> None:
+    torn = shutil.copytree(tiny_dir, tmp_path / "torn")
+    (torn / "model.safetensors").write_bytes(b"\x00" * 16)  # a copy cut short
+    with pytest.raises(ModelError, match=f"the model in {torn} does not load .*incomplete or damaged"):
+        load_causal_lm(str(torn))
 
 
 def test_load_causal_lm_4bit_on_cpu(tiny_dir: Path) -> None:

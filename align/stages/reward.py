@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from align.evaluation import training_text
+from align.models import load_pretrained
 from align.stages.context import (
     StageContext,
     StageResult,
@@ -32,7 +33,8 @@ def load_reward_model(ctx: StageContext) -> torch.nn.Module:
 
     set_seed(ctx.plan.seed)  # the score head is random: the same seed gives the same head
     with merged_input(ctx) as folder:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = load_pretrained(
+            AutoModelForSequenceClassification,
             folder,
             num_labels=1,
             trust_remote_code=ctx.plan.remote_code,

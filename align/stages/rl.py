@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from align.errors import ModelError
-from align.models import load_tokenizer
+from align.models import load_pretrained, load_tokenizer
 from align.placement import REWARD_MODELS_SHARDED
 from align.rewards import guarded_function
 from align.stages.context import StageContext
@@ -54,8 +54,8 @@ def frozen_reward_model(ctx: StageContext, folder: str, where: str, *, placed: b
     if (problem := reward_model_problem(folder, remote_code)) is not None:
         raise ModelError(f"{where}.model: {problem}")
     kwargs = {"dtype": ctx.dtype, **(ctx.backend.model_kwargs(ctx.plan) if placed else {})}
-    model = AutoModelForSequenceClassification.from_pretrained(
-        folder, trust_remote_code=remote_code, **kwargs
+    model = load_pretrained(
+        AutoModelForSequenceClassification, folder, trust_remote_code=remote_code, **kwargs
     )
     if placed:
         model = ctx.backend.prepare(model, ctx.plan)
