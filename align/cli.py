@@ -100,9 +100,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """A pipeline file or run folder: the local run's stages; anything else is a submitted job's id."""
+    target = Path(args.target)
+    if target.exists():
+        from align.status import status_lines
+
+        print("\n".join(status_lines(target)))
+        return 0
     from align.run.submit import status
 
-    print(status(args.address, args.job_id))
+    print(status(args.address, args.target))
     return 0
 
 
@@ -204,14 +211,18 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument(
                 "--address", required=True, help="the cluster's dashboard, e.g. http://HOST:8265"
             )
-    for name, handler, help_text in (
-        ("status", cmd_status, "a submitted job's status"),
-        ("logs", cmd_logs, "a submitted job's logs"),
-    ):
-        sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("job_id")
-        sub.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"))
-        sub.set_defaults(handler=handler)
+    dashboard = os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265")
+    status = commands.add_parser(
+        "status",
+        help="where a run stands: each stage done, running (step, ETA), interrupted, failed or pending",
+    )
+    status.add_argument("target", help="a pipeline YAML file or its run folder; or a submitted job's id")
+    status.add_argument("--address", default=dashboard, help="the cluster's dashboard, for a job id")
+    status.set_defaults(handler=cmd_status)
+    logs = commands.add_parser("logs", help="a submitted job's logs")
+    logs.add_argument("job_id")
+    logs.add_argument("--address", default=dashboard)
+    logs.set_defaults(handler=cmd_logs)
     report = commands.add_parser(
         "report", help="write a run's report: report.html (plots inline) and report.md, beside the run"
     )

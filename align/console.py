@@ -101,9 +101,14 @@ def format_outcomes(outcomes) -> str:
 
 
 def format_progress(stage: str, entry: dict) -> str:
-    """`[sft] step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:35` from a stage's progress file."""
+    """`[sft] step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35` from a stage's progress file."""
+    return f"[{stage}] {progress_text(entry)}"
+
+
+def progress_text(entry: dict) -> str:
+    """`step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35`: the progress line, and `align status`."""
     step, total, first = entry["step"], entry.get("max_steps") or 0, entry.get("first_step", 0)
-    parts = [f"[{stage}] step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
+    parts = [f"step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
     if entry.get("value"):
         name, value = entry["value"]
         parts.append(f"{name} {value:.4g}")

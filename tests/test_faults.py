@@ -59,6 +59,13 @@ def start(path: Path | str, *extra: str, cwd: Path, env: dict | None = None) -> 
     )
 
 
+def status(target: Path | str, cwd: Path) -> str:
+    """`align status` of a pipeline file, as a user runs it beside a run."""
+    command = [sys.executable, "-m", "align.cli", "status", str(target)]
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
 def finish(proc: subprocess.Popen, expect: int = 0, timeout: int = 600) -> tuple[str, str]:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == expect, out[-3000:] + "\n" + err[-3000:]
@@ -133,6 +140,8 @@ def test_a_killed_worker_is_replaced_and_training_continues_from_the_checkpoint(
     proc = start(path, cwd=data)
     pipeline_dir = path.parent / "runs" / "workerkill"
     wait_for_step(pipeline_dir, KILL_AFTER, proc)
+    [head, sft] = status(path, cwd=data).splitlines()
+    assert f"running, PID {proc.pid}" in head and sft.split()[:3] == ["sft", "running", "step"]
     workers = train_workers(proc.pid)
     assert len(workers) == 2
     workers[-1].kill()
@@ -164,6 +173,8 @@ def test_a_killed_driver_is_resumed_by_the_next_run_from_another_folder(data, ba
     step, checkpoint = latest_complete(attempt)
     (checkpoint / COMPLETE).unlink()  # as if the driver died while writing it: torn, never used
     before = latest_complete(attempt)[0]
+    [head, sft] = status(relative, cwd=elsewhere).splitlines()
+    assert "no run in progress" in head and "interrupted at step" in sft and "`align run` resumes it" in sft
     out, _ = finish(start(relative, cwd=elsewhere))
     assert "process(es) left running by a run that was killed" in out
     assert all_gone(below)

@@ -1,0 +1,92 @@
+"""`align status` reads a run's folder as the controller leaves it: published records, attempts with their
+progress file, and the run lock's holder. The folders here are laid out by the controller's own record
+functions; the killed-driver and killed-worker runs in tests/test_faults.py check it on real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from align.cli import main
+from align.run.lock import LOCK
+from align.run.records import keep_failed, publish, scratch_name, start_attempt, write_json
+
+STAGES = ("sft", "dpo", "rm", "merge")
+
+
+def pipeline_file(tmp_path: Path) -> Path:
+    """Four stages: sft done, dpo running or interrupted, rm failed, merge pending."""
+    prefs = {"train": "align:chatterbot/prefs/train"}
+    stages = {
+        "sft": {"kind": "sft", "data": {"train": "align:chatterbot/sft/train"}},
+        "dpo": {"kind": "dpo", "model": "${stages.sft.output}", "data": prefs, "lora": {"r": 4}},
+        "rm": {"kind": "reward", "model": "${stages.sft.output}", "data": prefs},
+        "merge": {"kind": "merge", "model": "${stages.dpo.output}"},
+    }
+    body = {"name": "p", "base_model": "tiny", "defaults": {"output_root": "runs"}, "stages": stages}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def lay_out_run(folder: Path) -> None:
+    now = time.time()
+    sft = scratch_name(folder / "sft")
+    sft.mkdir(parents=True)
+    publish(sft, folder / "sft", {"status": "succeeded", "started": now - 60, "ended": now - 30})
+    dpo = start_attempt(folder / "dpo", {"started": now - 20}, resume=None)
+    progress = {"step": 30, "max_steps": 60, "first_step": 0, "started": now - 15, "time": now, "value": None}
+    (dpo / "logs").mkdir()
+    write_json(dpo / "logs" / "progress.json", progress)
+    rm = start_attempt(folder / "rm", {"started": now - 50}, resume=None)
+    keep_failed(
+        rm, folder / "rm", {"status": "failed", "started": now - 50, "error": "DataError: bad row\nmore"}
+    )
+
+
+def hold_lock(folder: Path, pid: int, started: float) -> None:
+    holder = {"pid": pid, "host": socket.gethostname(), "started": started, "command": "align run p.yaml"}
+    (folder / LOCK).write_text(json.dumps(holder))
+
+
+def status(capsys, target: Path) -> list[str]:
+    assert main(["status", str(target)]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_each_stage_is_done_running_failed_or_pending_while_a_run_holds_the_folder(tmp_path, capsys):
+    path = pipeline_file(tmp_path)
+    folder = tmp_path / "runs" / "p"
+    lay_out_run(folder)
+    hold_lock(folder, os.getpid(), psutil.Process().create_time())  # this process stands in for the run
+    head, sft, dpo, rm, merge = status(capsys, path)
+    assert f"running, PID {os.getpid()}" in head
+    assert sft.split()[:2] == ["sft", "done"]
+    assert dpo.split()[:5] == ["dpo", "running", "step", "30/60", "(50%)"] and "ETA 0:00:" in dpo
+    assert rm.split()[:2] == ["rm", "failed"] and "DataError: bad row (" in rm and "more" not in rm
+    assert merge.split() == ["merge", "pending"]
+
+
+def test_a_stage_of_a_dead_run_is_interrupted_and_a_run_folder_names_its_stages(tmp_path, capsys):
+    path = pipeline_file(tmp_path)
+    folder = tmp_path / "runs" / "p"
+    lay_out_run(folder)
+    hold_lock(folder, os.getpid(), started=1.0)  # the PID was reused: not the run that held it
+    head, _, dpo, *_ = status(capsys, path)
+    assert "no run in progress" in head
+    assert dpo.split()[:2] == ["dpo", "interrupted"] and "at step 30/60; `align run` resumes it" in dpo
+    found = [line.split()[0] for line in status(capsys, folder)[1:]]
+    assert found == ["dpo", "rm", "sft"]  # no pipeline file: the stages that left a folder
+
+
+def test_a_pipeline_that_never_ran_is_all_pending(tmp_path, capsys):
+    lines = status(capsys, pipeline_file(tmp_path))
+    assert "no run in progress" in lines[0] and [line.split() for line in lines[1:]] == [
+        [name, "pending"] for name in STAGES
+    ]
