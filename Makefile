@@ -4,8 +4,8 @@ VENV     ?= .venv
 PYTHON   ?= python3
 PY       := $(VENV)/bin/python
 ALIGN    := $(VENV)/bin/align
-PIPELINE ?= pipelines/tiny_sft_dpo_merge.yaml
-DEMO     := pipelines/tiny_sft_dpo_merge.yaml
+DEMO     := pipelines/demo_number_or_word.yaml
+PIPELINE ?= $(DEMO)
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
@@ -22,9 +22,10 @@ $(SETUP): pyproject.toml scripts/prebuild_ops.py
 	touch $@
 
 demo: $(SETUP)
-	$(OFFLINE) $(ALIGN) run $(DEMO)
-	$(OFFLINE) $(PY) scripts/generate.py runs/tiny-sft-dpo-merge/merge/model
-	$(OFFLINE) $(ALIGN) report $(DEMO)
+	@$(OFFLINE) $(ALIGN) run $(DEMO)
+	@$(OFFLINE) $(PY) scripts/demo_answers.py runs/number-or-word
+	@printf "\nthe run's report (curves, held-out samples, memory), to open in a browser:\n"
+	@$(OFFLINE) $(ALIGN) report $(DEMO)
 
 # `make test` (under 10 min on 2 idle cores) leaves out the `slow` suites: the 2-rank backend runs,
 # submit and smollm2 (tests/conftest.py SLOW_SUITES), and the slower injected `faults` (tests/test_faults.py).

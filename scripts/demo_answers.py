@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging
 
 from align.corpora import builtin_path
 from align.models import resolve_model
@@ -33,6 +34,11 @@ def answers(model_dir: str, prompts: list[list[dict]]) -> list[str]:
     return [reply.strip() for reply in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
 
+def shown(reply: str) -> str:
+    """A reply quoted (so a trailing period or space shows), cut to fit its column."""
+    return repr(reply[:18]) if reply else "(nothing)"
+
+
 def share(hits: list[bool]) -> str:
     return f"{sum(hits)}/{len(hits)}"
 
@@ -41,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_folder", type=Path, help="the demo's run folder, e.g. runs/number-or-word")
     args = parser.parse_args()
+    logging.disable_progress_bar()  # three tiny models: no loading bars between the answers
     rows = [json.loads(line) for line in builtin_path(HELD_OUT).read_text().splitlines()]
     prompts, truth = [row["prompt"] for row in rows], [row["answer"] for row in rows]
     models = {
@@ -54,7 +61,7 @@ def main() -> None:
     print(f"\nheld-out items the models never trained on ({SHOWN} of {len(rows)}):")
     print(f"  {'question':<{width}}" + "".join(f"{name:<22}" for name in models))
     for index in range(SHOWN):
-        cells = "".join(f"{replies[name][index][:20]!r:<22}" for name in models)
+        cells = "".join(f"{shown(replies[name][index]):<22}" for name in models)
         print(f"  {items[index]:<{width}}{cells}")
     print(f"\nover all {len(rows)} held-out items:")
     for name in models:

@@ -1,6 +1,7 @@
-"""The demo pipeline end to end through the real CLI, Ray, TRL and PEFT: SFT -> DPO (LoRA) -> merge.
+"""The demo pipeline end to end through the real CLI, Ray, TRL and PEFT: SFT -> DPO (LoRA) -> merge on the
+number-or-word task, then the demo's own ending (scripts/demo_answers.py) and its report.
 
-One run is shared by the tests below (about 90 s on 2 cores); reruns check skipping and invalidation.
+One run is shared by the tests below (about 70 s on 2 cores); reruns check skipping and invalidation.
 """
 
 import html
@@ -16,7 +17,7 @@ from pages import find_chromium, ink, inline_images, view
 
 pytestmark = pytest.mark.integration
 
-DEMO = "pipelines/tiny_sft_dpo_merge.yaml"
+DEMO = "pipelines/demo_number_or_word.yaml"
 RECORD = "align-stage.json"
 
 
@@ -40,7 +41,7 @@ def status_lines(output: str) -> dict[str, str]:
 def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     output = align_run(root)
-    return root / "tiny-sft-dpo-merge", output
+    return root / "number-or-word", output
 
 
 def record(folder: Path, stage: str) -> dict:
@@ -55,8 +56,25 @@ def test_sft_loss_falls(demo_run):
 
 def test_dpo_beats_the_sft_model_it_started_from(demo_run):
     metrics = record(demo_run[0], "dpo")["metrics"]
-    assert metrics["preference_accuracy_after"] > metrics["preference_accuracy_before"]
+    assert metrics["dpo_reward_accuracy_after"] >= 0.9  # chosen above rejected, policy vs reference
     assert metrics["preference_margin_after"] > metrics["preference_margin_before"]
+
+
+def test_the_demo_ends_with_held_out_answers_dpo_got_right_and_sft_did_not(demo_run):
+    """The demo's last word, as `make demo` prints it: the held-out items asked of each model."""
+    script = Path(__file__).parents[1] / "scripts" / "demo_answers.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(demo_run[0])], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    totals = re.findall(
+        r"^  (.+?)\s+right word\s+(\d+)/64\s+right word and period\s+(\d+)/64$", done.stdout, re.M
+    )
+    scores = {name: (int(word), int(exact)) for name, word, exact in totals}
+    assert scores["base (random init)"] == (0, 0)
+    assert scores["after SFT"][0] >= 58 and scores["after SFT"][1] < 32  # the task, mostly without a period
+    assert scores["after DPO, merged"][1] >= 58  # the period DPO preferred, on items it never saw
+    assert "Number or word? " in done.stdout and "'number.'" in done.stdout and "'word.'" in done.stdout
 
 
 def test_stage_folders_hold_exactly_the_expected_files(demo_run):
@@ -195,7 +213,7 @@ def test_merged_model_loads_in_plain_transformers_and_matches_the_adapter(demo_r
     )
     tokenizer = AutoTokenizer.from_pretrained(folder / "merge/model")
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Do you like music?"}],
+        [{"role": "user", "content": "Number or word? 7"}],
         add_generation_prompt=True,
         return_tensors="pt",
         return_dict=True,
