@@ -1,9 +1,10 @@
 """`align status PIPELINE_FILE_OR_RUN_FOLDER`: where a local run stands, read from what it leaves on disk
 (each stage's record, the progress file a running stage keeps, the run lock) without disturbing it.
 
-A stage is `done` (published), `running` (step, rate, ETA), `interrupted` (its attempt holds a "running"
-record but no live run holds the lock: a kill or a crash; the next `align run` resumes it), `failed`
-(with the first line of why) or `pending`.
+A stage is `done` (published), `outdated` (published, but a stage it reads has not finished since: the
+next run redoes it), `running` (step, rate, ETA), `interrupted` (its attempt holds a "running" record but
+no live run holds the lock: a kill or a crash; the next `align run` resumes it), `failed` (with the first
+line of why) or `pending`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from align.console import progress_text
-from align.run.lock import LOCK, describe, same_process
+from align.graph import order
+from align.run.lock import LOCK, describe
 from align.run.records import RECORD, attempts, read_record
 from align.run.worker import PROGRESS_FILE
 
@@ -24,8 +26,10 @@ from align.run.worker import PROGRESS_FILE
 @dataclass(frozen=True)
 class StageState:
     name: str
-    state: str  # done | running | interrupted | failed | pending
+    state: str  # done | outdated | running | interrupted | failed | pending
     detail: str = ""
+    started: float = 0.0  # of the published output, for `outdated`
+    ended: float = 0.0
 
 
 def live_holder(folder: Path) -> dict[str, Any] | None:
@@ -39,7 +43,17 @@ def live_holder(folder: Path) -> dict[str, Any] | None:
         return None
     if holder.get("host") != socket.gethostname():
         return holder  # another machine's run: its process cannot be checked from here
-    return holder if same_process(holder["pid"], holder.get("started", 0)) else None
+    return holder if started_before(holder["pid"], holder.get("started", 0)) else None
+
+
+def started_before(pid: int, moment: float) -> bool:
+    """Whether process `pid` exists and already did at `moment` (a reused PID started later)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time() <= moment + 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def latest_attempt(final: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -66,8 +80,8 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
     attempt = latest_attempt(final)
     newer = attempt and attempt[1].get("started", 0) > (published or {}).get("started", 0)
     if published and published.get("status") == "succeeded" and not newer:
-        took = published.get("ended", 0) - published.get("started", 0)
-        return StageState(name, "done", f"{took:.1f}s, finished {clock(published.get('ended', 0))}")
+        started, ended = published.get("started", 0), published.get("ended", 0)
+        return StageState(name, "done", f"{ended - started:.1f}s, finished {clock(ended)}", started, ended)
     if not attempt:
         return StageState(name, "pending")
     scratch, record = attempt
@@ -81,22 +95,35 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
     return StageState(name, "failed", f"{why[0]} ({scratch})")
 
 
-def run_status(folder: Path, names: list[str]) -> list[str]:
-    """The lines `align status` prints: who runs the pipeline now, then one line per stage."""
+def outdated(state: StageState, reads: list[str], states: dict[str, StageState]) -> StageState:
+    """A done stage whose inputs are not done, or were redone after it started, runs again next time."""
+    behind = [dep for dep in reads if states[dep].state != "done" or states[dep].ended > state.started]
+    if state.state != "done" or not behind:
+        return state
+    return replace(state, state="outdated", detail=f"{state.detail}; redone after {', '.join(behind)}")
+
+
+def run_status(folder: Path, reads: dict[str, list[str]]) -> list[str]:
+    """The lines `align status` prints: who runs the pipeline now, then one line per stage, each stage after
+    those it reads (`reads`: stage -> the stages whose outputs it names)."""
     holder = live_holder(folder)
     head = f"{folder}: " + (f"running, {describe(holder)}" if holder else "no run in progress")
-    states = [stage_state(name, folder, holder is not None) for name in names]
-    width = max((len(state.name) for state in states), default=0)
-    return [head] + [f"  {s.name:<{width}}  {s.state:<11}  {s.detail}".rstrip() for s in states]
+    states: dict[str, StageState] = {}
+    for name in order(reads)[0]:
+        states[name] = outdated(stage_state(name, folder, holder is not None), reads[name], states)
+    width = max(map(len, states), default=0)
+    return [head] + [f"  {s.name:<{width}}  {s.state:<11}  {s.detail}".rstrip() for s in states.values()]
 
 
 def status_lines(target: Path) -> list[str]:
-    """`target` is a pipeline file (every stage it declares, in file order) or its run folder (the stages
-    found there)."""
-    from align.report import run_target, stage_names
+    """`target` is a pipeline file (every stage it declares) or its run folder (the stages found there)."""
+    from align.report import latest_record, reads_from, run_target, stage_names
 
     folder, configs = run_target(target)
-    names = list(configs) or stage_names(folder)
-    if not names:
+    if not configs:
+        found = {name: latest_record(folder / name) for name in stage_names(folder)}
+        configs = {name: record.get("config", {}) for name, record in found.items() if record}
+    if not configs:
         return [f"{folder}: no stage has run here (no {RECORD})"]
-    return run_status(folder, names)
+    reads = {name: reads_from(config) for name, config in configs.items()}
+    return run_status(folder, {name: [dep for dep in deps if dep in reads] for name, deps in reads.items()})

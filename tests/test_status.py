@@ -10,7 +10,6 @@ import socket
 import time
 from pathlib import Path
 
-import psutil
 import yaml
 
 from align.cli import main
@@ -21,7 +20,7 @@ STAGES = ("sft", "dpo", "rm", "merge")
 
 
 def pipeline_file(tmp_path: Path) -> Path:
-    """Four stages: sft done, dpo running or interrupted, rm failed, merge pending."""
+    """Four stages: sft done, dpo running or interrupted, rm failed, merge done before dpo began again."""
     prefs = {"train": "align:chatterbot/prefs/train"}
     stages = {
         "sft": {"kind": "sft", "data": {"train": "align:chatterbot/sft/train"}},
@@ -40,14 +39,19 @@ def lay_out_run(folder: Path) -> None:
     sft = scratch_name(folder / "sft")
     sft.mkdir(parents=True)
     publish(sft, folder / "sft", {"status": "succeeded", "started": now - 60, "ended": now - 30})
-    dpo = start_attempt(folder / "dpo", {"started": now - 20}, resume=None)
+    merge = scratch_name(folder / "merge")
+    merge.mkdir()
+    reads = {"config": {"model": "${stages.dpo.output}"}}
+    publish(merge, folder / "merge", {"status": "succeeded", "started": now - 90, "ended": now - 80, **reads})
+    dpo = start_attempt(
+        folder / "dpo", {"started": now - 20, "config": {"model": "${stages.sft.output}"}}, None
+    )
     progress = {"step": 30, "max_steps": 60, "first_step": 0, "started": now - 15, "time": now, "value": None}
     (dpo / "logs").mkdir()
     write_json(dpo / "logs" / "progress.json", progress)
-    rm = start_attempt(folder / "rm", {"started": now - 50}, resume=None)
-    keep_failed(
-        rm, folder / "rm", {"status": "failed", "started": now - 50, "error": "DataError: bad row\nmore"}
-    )
+    rm = {"started": now - 50, "config": {"model": "${stages.sft.output}"}}
+    failed = {**rm, "status": "failed", "error": "DataError: bad row\nmore"}
+    keep_failed(start_attempt(folder / "rm", rm, None), folder / "rm", failed)
 
 
 def hold_lock(folder: Path, pid: int, started: float) -> None:
@@ -64,13 +68,13 @@ def test_each_stage_is_done_running_failed_or_pending_while_a_run_holds_the_fold
     path = pipeline_file(tmp_path)
     folder = tmp_path / "runs" / "p"
     lay_out_run(folder)
-    hold_lock(folder, os.getpid(), psutil.Process().create_time())  # this process stands in for the run
+    hold_lock(folder, os.getpid(), time.time())  # this process stands in for the run
     head, sft, dpo, rm, merge = status(capsys, path)
     assert f"running, PID {os.getpid()}" in head
     assert sft.split()[:2] == ["sft", "done"]
     assert dpo.split()[:5] == ["dpo", "running", "step", "30/60", "(50%)"] and "ETA 0:00:" in dpo
     assert rm.split()[:2] == ["rm", "failed"] and "DataError: bad row (" in rm and "more" not in rm
-    assert merge.split() == ["merge", "pending"]
+    assert merge.split()[:2] == ["merge", "outdated"] and merge.endswith("; redone after dpo")
 
 
 def test_a_stage_of_a_dead_run_is_interrupted_and_a_run_folder_names_its_stages(tmp_path, capsys):
@@ -82,7 +86,8 @@ def test_a_stage_of_a_dead_run_is_interrupted_and_a_run_folder_names_its_stages(
     assert "no run in progress" in head
     assert dpo.split()[:2] == ["dpo", "interrupted"] and "at step 30/60; `align run` resumes it" in dpo
     found = [line.split()[0] for line in status(capsys, folder)[1:]]
-    assert found == ["dpo", "rm", "sft"]  # no pipeline file: the stages that left a folder
+    assert found == ["sft", "dpo", "rm", "merge"]  # no pipeline file: the stages that left a folder, each
+    # after the stages its record says it reads
 
 
 def test_a_pipeline_that_never_ran_is_all_pending(tmp_path, capsys):
