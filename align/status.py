@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from align.checkpoints import latest_complete
 from align.console import progress_text
 from align.graph import order
 from align.run.lock import LOCK, describe
@@ -90,7 +91,9 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
         return StageState(name, "running", progress_text(progress) if progress else "starting")
     if record.get("status") in ("running", "interrupted"):
         where = f"at step {progress['step']}/{progress['max_steps']}" if progress else "before its first step"
-        return StageState(name, "interrupted", f"{where}; `align run` resumes it ({scratch})")
+        checkpoint = latest_complete(scratch)
+        then = f"resumes it from step {checkpoint[0]}" if checkpoint else "starts it over (no checkpoint yet)"
+        return StageState(name, "interrupted", f"{where}; `align run` {then} ({scratch})")
     why = str(record.get("error", "no error recorded")).strip().splitlines() or ["no error recorded"]
     return StageState(name, "failed", f"{why[0]} ({scratch})")
 

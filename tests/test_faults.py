@@ -174,7 +174,8 @@ def test_a_killed_driver_is_resumed_by_the_next_run_from_another_folder(data, ba
     (checkpoint / COMPLETE).unlink()  # as if the driver died while writing it: torn, never used
     before = latest_complete(attempt)[0]
     [head, sft] = status(relative, cwd=elsewhere).splitlines()
-    assert "no run in progress" in head and "interrupted at step" in sft and "`align run` resumes it" in sft
+    assert "no run in progress" in head and sft.split()[:4] == ["sft", "interrupted", "at", "step"]
+    assert f"`align run` resumes it from step {before} (" in sft  # not from the torn checkpoint
     out, _ = finish(start(relative, cwd=elsewhere))
     assert "process(es) left running by a run that was killed" in out
     assert all_gone(below)

@@ -84,7 +84,10 @@ def test_a_stage_of_a_dead_run_is_interrupted_and_a_run_folder_names_its_stages(
     hold_lock(folder, os.getpid(), started=1.0)  # the PID was reused: not the run that held it
     head, _, dpo, *_ = status(capsys, path)
     assert "no run in progress" in head
-    assert dpo.split()[:2] == ["dpo", "interrupted"] and "at step 30/60; `align run` resumes it" in dpo
+    assert (
+        dpo.split()[:2] == ["dpo", "interrupted"]
+        and "at step 30/60; `align run` starts it over (no checkpoint yet)" in dpo
+    )
     found = [line.split()[0] for line in status(capsys, folder)[1:]]
     assert found == ["sft", "dpo", "rm", "merge"]  # no pipeline file: the stages that left a folder, each
     # after the stages its record says it reads
