@@ -75,6 +75,8 @@ class Workload:
 
     dtype is the compute dtype: of activations, a LoRA base and frozen models. Trained weights are fp32
     under mixed precision; `pure` (`bf16-pure`) holds them and Adam's moments in `dtype` too.
+    upcast_unpacked: a QLoRA base whose weights not packed to NF4 (embeddings, norms, an untied head) are
+    held in fp32, as peft's `prepare_model_for_kbit_training` leaves them (align's PPO calls it).
     micro_batch_size counts sequences per forward: a DPO pair is two.
     seq_len 0 leaves activations out of the plan.
     extra_trainable: parameters trained beside the policy's in its optimizer (a PPO critic's value head,
@@ -87,6 +89,7 @@ class Workload:
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] | str = LINEAR_MODULES
     quantize_4bit: bool = False
+    upcast_unpacked: bool = False
     frozen_models: tuple[FrozenModel, ...] = ()
     micro_batch_size: int = 1
     seq_len: int = 0
@@ -273,7 +276,8 @@ def _frozen_base_bytes(arch: Architecture, workload: Workload) -> int:
     if not workload.quantize_4bit:
         return arch.param_count() * width
     packed = arch.linear_weight_count()
-    return math.ceil(packed * NF4_BYTES_PER_WEIGHT) + (arch.param_count() - packed) * width
+    unpacked_width = DTYPE_BYTES["fp32"] if workload.upcast_unpacked else width
+    return math.ceil(packed * NF4_BYTES_PER_WEIGHT) + (arch.param_count() - packed) * unpacked_width
 
 
 def _shard(num_bytes: int, world_size: int) -> int:

@@ -133,6 +133,12 @@ def resolve_precision(requested: str, hardware: Hardware) -> str:
     return "bf16" if hardware.bf16 else "fp32"
 
 
+UPCASTS_4BIT_BASE = ("ppo",)
+"""Kinds whose QLoRA base is prepared by peft's `prepare_model_for_kbit_training` (align's PPO,
+stages/ppo.py): every weight left out of NF4 is upcast to fp32, about 2.1 GB for Llama-3-8B's embeddings and
+head. TRL's trainers leave those weights at the compute dtype."""
+
+
 def workload(
     stage: StageBase,
     precision: str,
@@ -165,6 +171,7 @@ def workload(
         lora_rank=lora.r if lora else None,
         lora_targets=targets,
         quantize_4bit=bool(lora and lora.load_in_4bit),
+        upcast_unpacked=bool(lora and lora.load_in_4bit and stage.kind in UPCASTS_4BIT_BASE),
         frozen_models=frozen_models(placement, arch.param_count(), compute, reward_params),
         micro_batch_size=int(batch) * KINDS[stage.kind].sequences,
         seq_len=sequence_length(stage),

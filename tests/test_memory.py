@@ -201,6 +201,39 @@ def test_qlora_packs_decoder_linears_to_nf4() -> None:
     assert plan.trainable_params == 41_943_040
 
 
+def test_a_qlora_base_prepared_for_kbit_training_holds_its_unpacked_weights_in_fp32(tmp_path) -> None:
+    """align's PPO prepares its QLoRA base with peft (embeddings, norms, head upcast to fp32): the plan
+    counts what the prepared model holds; for Llama-3-8B that is 2.1 GB more than TRL's trainers hold."""
+    pytest.importorskip("bitsandbytes")
+    from peft import prepare_model_for_kbit_training
+
+    from align.models import load_causal_lm
+
+    config = tiny_config(tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    model = prepare_model_for_kbit_training(
+        load_causal_lm(str(tmp_path), dtype=torch.bfloat16, quantize_4bit=True),
+        use_gradient_checkpointing=False,
+    )
+    packed = {name for name, module in model.named_modules() if type(module).__name__ == "Linear4bit"}
+    held = sum(
+        p.numel() * p.element_size()
+        for name, p in model.named_parameters()
+        if name.rsplit(".", 1)[0] not in packed
+    )
+    arch = architecture_from_config(config.to_dict())
+    prepared = Workload(lora_rank=8, quantize_4bit=True, upcast_unpacked=True)
+    planned = estimate(arch, prepared, backend="ddp", world_size=1).device.params
+    adapters = estimate(arch, prepared, backend="ddp", world_size=1).trainable_params * 4
+    nf4 = arch.linear_weight_count() * NF4_BYTES_PER_WEIGHT
+    assert held == planned - adapters - nf4  # every unpacked weight, at 4 bytes
+
+    llama3 = PRESETS["llama3-8b"]
+    upcast = estimate(llama3, prepared, backend="ddp", world_size=1).device.params
+    as_trl = estimate(llama3, Workload(lora_rank=8, quantize_4bit=True), backend="ddp", world_size=1)
+    assert upcast - as_trl.device.params == 2_101_878_784  # 2 more bytes for each of 1.05B weights
+
+
 def test_nf4_bytes_per_weight_match_bitsandbytes() -> None:
     bnb = pytest.importorskip("bitsandbytes")
     weight = bnb.nn.Params4bit(

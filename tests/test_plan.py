@@ -133,6 +133,23 @@ def test_ppo_lora_reference_is_the_base_and_a_value_adapter_doubles_the_trainabl
     assert adapter.placement.reward_models == REWARD_MODELS_REPLICATED
 
 
+def test_a_qlora_ppo_plans_its_upcast_base_and_a_qlora_sft_does_not():
+    """align's PPO prepares its 4-bit base with peft (unpacked weights in fp32); TRL's SFT keeps bf16."""
+    qlora = (
+        "stages.sft.lora.load_in_4bit=true",
+        "stages.ppo.lora.load_in_4bit=true",
+        "stages.ppo.value=head",
+        "defaults.backend=ddp",  # adapters in fp32 beside the base, as a single GPU holds them
+    )
+    stages = plan_of("pipelines/ppo_llama3.yaml", "80", *qlora).stages
+    unpacked = LLAMA3_8B.param_count() - LLAMA3_8B.linear_weight_count()
+    base = {
+        name: stages[name].memory.device.params - 4 * stages[name].memory.trainable_params
+        for name in ("sft", "ppo")
+    }
+    assert base["ppo"] - base["sft"] == 2 * unpacked == 2_101_878_784  # fp32 where SFT holds bf16
+
+
 def test_full_parameter_ppo_shards_its_reference_and_reward_model_under_fsdp():
     plans = {
         backend: plan_of("tests/plans/llama3_8b_ppo_full.yaml", "80", f"defaults.backend={backend}")
