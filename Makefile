@@ -51,8 +51,9 @@ SMOKE := tests/test_zero2.py tests/test_fsdp.py tests/test_equivalence.py
 smoke: $(SETUP)
 	CUDA_VISIBLE_DEVICES= $(OFFLINE) $(PY) -m pytest -q -m "integration and not gpu" $(SMOKE)
 
+# On GPUs: the same 2-rank cases over NCCL, and one GPU's bf16 runs of the stages that place frozen models.
 smoke-gpu: $(SETUP)
-	$(OFFLINE) $(PY) -m pytest -q -m gpu $(SMOKE)
+	$(OFFLINE) $(PY) -m pytest -q -m gpu $(SMOKE) tests/test_gpu_stages.py
 
 lint: $(SETUP)
 	$(VENV)/bin/ruff check align tests scripts bench

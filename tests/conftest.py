@@ -19,9 +19,10 @@ SLOW_SUITES = {
     "test_models",
     "test_kto",
     "test_seeding",
+    "test_data_formats",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
-submit test, the smollm2 conversion, the KTO pipeline and the three seeded DPO runs: their integration
+submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs and the one stage per data format: their integration
 tests are `slow`, outside `make test` and run by `make test-slow` (CI runs both). Their unit tests stay in
 `make test`."""
 
