@@ -22,9 +22,9 @@ SLOW_SUITES = {
     "test_data_formats",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
-submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs and the one stage per data format: their integration
-tests are `slow`, outside `make test` and run by `make test-slow` (CI runs both). Their unit tests stay in
-`make test`."""
+submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs and the stage per data
+format: their integration tests are `slow`, outside `make test` and run by `make test-slow` (CI runs both).
+Their unit tests stay in `make test`."""
 
 
 def pytest_collection_modifyitems(config, items):
