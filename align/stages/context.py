@@ -132,19 +132,23 @@ def frozen_reference(ctx: StageContext) -> torch.nn.Module | None:
     the policy (sharded under fsdp); None when there is none to load (LoRA disables the adapters)."""
     if ctx.plan.placement.reference != REFERENCE_COPY:
         return None
-    return place_frozen(ctx, load_stage_model(ctx, frozen=True).requires_grad_(False).eval())
+    return on_training_device(ctx, load_stage_model(ctx, frozen=True).requires_grad_(False).eval())
 
 
-def place_frozen(
+def on_training_device(
     ctx: StageContext, model: torch.nn.Module, device: torch.device | None = None
 ) -> torch.nn.Module:
-    """A frozen model a stage runs forwards through (reference copy, reward model) on the training device.
+    """A model a stage runs forwards through, on the training device: a frozen one (reference copy, reward
+    model), which the Trainer never moves, and the trained one before `train()`, where ZeRO-2 has not moved
+    it yet, so that what is measured before training runs where what is measured after does.
 
-    The Trainer moves only the model it trains; a backend that shards frozen models (fsdp) placed them on
-    the ranks' devices when it sharded them. `device` defaults to this rank's training device."""
-    if ctx.backend.frozen_sharded:
+    A backend that shards its models (fsdp) placed them on the ranks' devices when it sharded them, and a
+    model already there (a 4-bit one is placed as it loads) stays as it is. `device` defaults to this
+    rank's training device."""
+    device = device or ctx.device
+    if ctx.backend.frozen_sharded or all(tensor.device == device for tensor in model.parameters()):
         return model
-    return model.to(device or ctx.device)
+    return model.to(device)
 
 
 def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):

@@ -22,8 +22,8 @@ from align.stages.context import (
     StageResult,
     frozen_reference,
     load_stage_model,
+    on_training_device,
     peft_config,
-    place_frozen,
     stage_config,
     stage_data,
     stage_tokenizer,
@@ -67,7 +67,7 @@ def run(ctx: StageContext) -> StageResult:
     rewards = stage_rewards(ctx)
     for source in rewards.sources:  # align's own trainer: nobody else moves its reward models
         if isinstance(source, torch.nn.Module):
-            place_frozen(ctx, source)
+            on_training_device(ctx, source)
     config = stage_config(ctx)
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     policy = policy_model(ctx)

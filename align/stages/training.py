@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from align.stages.context import DTYPES, StageContext, StageResult
+from align.stages.context import DTYPES, StageContext, StageResult, on_training_device
 from align.stages.export import publish
 from align.stages.samples import greedy_completions, paired
 
@@ -59,6 +59,8 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     prompts = training.sample_prompts
     hold_trainable(model, DTYPES[ctx.plan.trainable_dtype])
     ctx.backend.verify(model, ctx.plan)
+    # ZeRO-2 moves the model only in train(): what is measured before training runs where the rest does
+    on_training_device(ctx, sampler)
     metrics = dict(training.held_out("before"))
     completions_before = greedy_completions(sampler, training.tokenizer, prompts)
     before = trainable_checksums(model)
