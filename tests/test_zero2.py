@@ -174,8 +174,8 @@ CASES = {
     # through the shipped offload preset, so the file users copy is known to run
     "lora_dpo": dict(lora=LORA, workers=2, zero2={"config": str(PRESETS / "zero2_offload.json")}),
     "qlora_dpo": dict(lora={"r": 8, "load_in_4bit": True}, workers=2),
-    # no eval split: HF's evaluate() before train() refuses ZeRO-1/2 ("ZeRO inference only makes sense
-    # with ZeRO Stage 3"), and the SFT runner evaluates first when it has one
+    # no eval split: a held-out slice, scored at the start of train() (HF's evaluate() before train()
+    # refuses ZeRO-1/2: "ZeRO inference only makes sense with ZeRO Stage 3")
     "full_sft": dict(kind="sft", data=FEW_SFT_ROWS, workers=2),
     # one rank is planned as ddp unless zero2 is named; named, it must still run (unsharded)
     "one_rank": dict(lora=LORA, workers=1),
@@ -232,3 +232,14 @@ def test_full_parameter_sft_shards_optimizer_states_without_offload(zero2_run) -
 
 def test_zero2_named_explicitly_runs_on_one_rank(zero2_run) -> None:
     assert_states_sharded(case_reports(zero2_run, "one_rank"), 1, "DeepSpeedCPUAdam")
+
+
+def test_held_out_metrics_are_measured_before_and_after_under_zero2(zero2_run) -> None:
+    sft = stage_record(zero2_run, "full_sft")["metrics"]
+    assert sft["eval_loss_after"] < sft["eval_loss_before"]
+    for name in ("lora_dpo", "qlora_dpo"):
+        dpo = stage_record(zero2_run, name)["metrics"]
+        assert (
+            dpo["dpo_reward_accuracy_before"] == dpo["dpo_reward_margin_before"] == 0.0
+        )  # policy = reference
+        assert dpo["dpo_reward_margin_after"] != 0.0  # and measured again once trained

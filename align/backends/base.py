@@ -36,7 +36,6 @@ class Backend(Protocol):
     titles: dict[str, str]  # each `estimates` column as the plan's reasons name it
     policy_held: str  # how each rank holds the trained model, in words
     frozen_sharded: bool  # a frozen copy (reference, reward model) is sharded like the policy
-    evaluates_untrained: bool  # the Trainer may evaluate before train() (ZeRO-1/2 has no engine until then)
     keeps_fp32_master: bool  # under mixed precision its engine holds 16-bit weights and steps an fp32 copy
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:

@@ -24,7 +24,6 @@ class DDP:
     titles = {"ddp": "DDP"}
     policy_held = "replicated on every rank"
     frozen_sharded = False
-    evaluates_untrained = True
     keeps_fp32_master = False  # fp32 weights, autocast by the Trainer
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:

@@ -38,7 +38,6 @@ class FSDP:
     titles = {"fsdp": "FSDP"}
     policy_held = "parameters, grads and optimizer states sharded"
     frozen_sharded = True
-    evaluates_untrained = True
     keeps_fp32_master = False  # fp32 shards, gathered in bf16 by FSDP2's MixedPrecisionPolicy
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:

@@ -38,7 +38,6 @@ class Zero2(DDP):
     name = "zero2"
     titles = {"zero2": "ZeRO-2", "zero2+offload": "ZeRO-2 with CPU optimizer offload"}
     policy_held = "weights replicated; grads and optimizer states sharded"
-    evaluates_untrained = False  # HF: "ZeRO inference only makes sense with ZeRO Stage 3" before train()
     keeps_fp32_master = True  # DeepSpeed casts the weights to 16 bits and steps its own fp32 partition
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:

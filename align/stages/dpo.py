@@ -31,7 +31,13 @@ def run(ctx: StageContext) -> StageResult:
     lora = ctx.plan.stage.lora
     train, evaluation = stage_data(ctx)
     precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    config = stage_config(ctx, {"precompute_ref_log_probs": True} if precompute else None)
+    # TRL's own DPO metrics on the held-out pairs before training come from its start-of-training
+    # evaluation, inside train(), where every backend can evaluate (ZeRO-1/2 cannot before train())
+    overrides = {
+        "eval_on_start": evaluation is not None,
+        **({"precompute_ref_log_probs": True} if precompute else {}),
+    }
+    config = stage_config(ctx, overrides)
     tokenizer = stage_tokenizer(ctx, padding_side="left")
     trainer = DPOTrainer(
         model=load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
@@ -48,18 +54,28 @@ def run(ctx: StageContext) -> StageResult:
         """Two judgements of the held-out pairs: the policy's own log-probs (`preference_*`), and DPO's
         implicit reward against the reference (`dpo_reward_*`, what TRL reports as rewards/accuracies and
         rewards/margins; zero before training, when the policy is the reference)."""
-        own = preference_scores(trainer.model, tokenizer, evaluation, config.max_length or 1024)
-        if phase == "before" and not ctx.backend.evaluates_untrained:
-            return suffixed(own, phase)  # DeepSpeed ZeRO-1/2 refuses to evaluate before train()
+        own = suffixed(
+            preference_scores(trainer.model, tokenizer, evaluation, config.max_length or 1024), phase
+        )
+        if phase == "before":
+            return own  # TRL's are logged by its evaluation at the start of train()
         trainer.evaluate()  # TRL logs its DPO metrics rather than returning them
-        logged = trainer.state.log_history[-1]
-        against_reference = {
-            "dpo_reward_accuracy": logged["eval_rewards/accuracies"],
-            "dpo_reward_margin": logged["eval_rewards/margins"],
+        logged = [entry for entry in trainer.state.log_history if "eval_rewards/accuracies" in entry]
+        return {
+            **own,
+            **suffixed(against_reference(logged[0]), "before"),
+            **suffixed(against_reference(logged[-1]), "after"),
         }
-        return suffixed({**own, **against_reference}, phase)
 
     output = "adapter" if lora else "model"
     measure = scores if evaluation is not None else no_measure
     prompts = sample_prompts(evaluation if evaluation is not None else train)
     return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure, sample_prompts=prompts))
+
+
+def against_reference(logged: dict[str, float]) -> dict[str, float]:
+    """DPO's implicit reward of chosen over rejected, from one of TRL's logged evaluations."""
+    return {
+        "dpo_reward_accuracy": logged["eval_rewards/accuracies"],
+        "dpo_reward_margin": logged["eval_rewards/margins"],
+    }

@@ -21,9 +21,9 @@ def run(ctx: StageContext) -> StageResult:
 
     lora = ctx.plan.stage.lora
     train, evaluation = stage_data(ctx)
-    # evaluating before training goes through the trainer's own start-of-training hook, where the backend
-    # allows it (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)
-    before = evaluation is not None and ctx.backend.evaluates_untrained
+    # the eval loss before training comes from the trainer's start-of-training evaluation, inside train(),
+    # where every backend can evaluate (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)
+    before = evaluation is not None
     config = stage_config(ctx, {"eval_on_start": before})
     tokenizer = stage_tokenizer(ctx)
     trainer = SFTTrainer(
