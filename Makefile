@@ -91,6 +91,12 @@ bench: $(SETUP) bench-cli
 	$(OFFLINE) $(PY) bench/memory.py
 	$(OFFLINE) $(PY) bench/ppo.py
 
+# `align run` vs a plain TRL script of the same SFT: fixed cost per run and per stage, skip, validate/plan
+# (about 8 min on 2 cores); writes bench/results/overhead-cpu.md
+.PHONY: bench-overhead
+bench-overhead: $(SETUP)
+	$(OFFLINE) $(PY) bench/overhead.py
+
 # validate/plan wall time, warm and cold, against a bare interpreter and `import torch` (about 1 min)
 bench-cli: $(SETUP)
 	$(OFFLINE) $(PY) bench/cli.py

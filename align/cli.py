@@ -107,6 +107,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         print("\n".join(status_lines(target)))
         return 0
+    if target.suffix in (".yaml", ".yml") or "/" in args.target:
+        raise AlignError(f"{target}: no such pipeline file or run folder (a submitted job's id has no '/')")
     from align.run.submit import status
 
     print(status(args.address, args.target))

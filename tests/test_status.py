@@ -98,3 +98,8 @@ def test_a_pipeline_that_never_ran_is_all_pending(tmp_path, capsys):
     assert "no run in progress" in lines[0] and [line.split() for line in lines[1:]] == [
         [name, "pending"] for name in STAGES
     ]
+
+
+def test_a_missing_pipeline_file_is_named_not_sent_to_a_cluster(tmp_path, capsys):
+    assert main(["status", str(tmp_path / "nosuch.yaml")]) == 2
+    assert f"{tmp_path / 'nosuch.yaml'}: no such pipeline file or run folder" in capsys.readouterr().err
