@@ -92,6 +92,14 @@ def run(ctx: StageContext) -> StageResult:
     measure = mean_rewards if held_out is not None else no_measure
     prompts = sample_prompts(held_out if held_out is not None else train)
     training = Training(
-        trainer, tokenizer, output, measure, curves, model=model, sample_prompts=prompts, sampler=policy
+        trainer,
+        tokenizer,
+        output,
+        measure,
+        curves,
+        model=model,
+        sample_prompts=prompts,
+        sampler=policy,
+        run_metrics=trainer.time_split,
     )
     return train_stage(ctx, training)

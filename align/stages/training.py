@@ -36,6 +36,7 @@ class Training:
     model: what the backend verifies and whose trainable parameters must move; default `trainer.model`.
     sample_prompts: held-out prompts whose greedy completions are recorded before and after training.
     sampler: the model that completes them; default `trainer.model` (none for a reward model: it scores).
+    run_metrics(): figures of the training run itself, read after it (PPO's time split).
     """
 
     trainer: Any
@@ -47,6 +48,7 @@ class Training:
     model: Any = None
     sample_prompts: list[Any] = field(default_factory=list)
     sampler: Any = None
+    run_metrics: Callable[[], dict[str, float]] = dict
 
 
 def train_stage(ctx: StageContext, training: Training) -> StageResult:
@@ -72,6 +74,7 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     # proof of the placement: 1 when the trainer holds a separate frozen reference model
     metrics["reference_copy_loaded"] = float(getattr(trainer, "ref_model", None) is not None)
     metrics.update(step_seconds(trainer))
+    metrics.update(training.run_metrics())
     folder = ctx.output_dir / training.output
     if training.save is not None:
         training.save(folder)

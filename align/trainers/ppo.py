@@ -49,7 +49,7 @@ from align.trainers.ppo_math import (
     ppo_losses,
     token_log_probs,
 )
-from align.trainers.sampling import decode, generate
+from align.trainers.sampling import decode, generate, synced_clock
 
 # rewards(prompts, completions, columns) -> (weighted score per completion, each reward's values)
 RewardFn = Callable[[list[Any], list[Any], dict[str, list[Any]]], tuple[list[float], dict[str, list[float]]]]
@@ -137,6 +137,7 @@ class PPOTrainer(Trainer):
         self.micro_steps = 0
         self.shuffle = torch.Generator().manual_seed(args.seed)
         self.logged: dict[str, list[float]] = defaultdict(list)
+        self.seconds = {"generate": 0.0, "score": 0.0}  # rollout phases; the update is the rest of train()
 
     # --- data: prompts in, one rollout per `micro_batches_per_rollout` micro-steps ---
 
@@ -176,6 +177,7 @@ class PPOTrainer(Trainer):
         wrapper = self.model
         wrapper.eval()
         prompts = [row["prompt"] for row in rows]
+        started = synced_clock()
         sampled = generate(
             wrapper.policy,
             self.processing_class,
@@ -187,6 +189,8 @@ class PPOTrainer(Trainer):
             stop_at_eos=args.stop_token == "eos",
             synced=args.world_size > 1,
         )
+        generated = synced_clock()
+        self.seconds["generate"] += generated - started
         columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
         scores, by_reward = self.rewards(prompts, decode(self.processing_class, sampled, prompts), columns)
         device = sampled.completion_ids.device
@@ -198,6 +202,7 @@ class PPOTrainer(Trainer):
         log_probs, values, ref_log_probs = self.score_tokens(
             wrapper, input_ids, attention_mask, prompt_length
         )
+        self.seconds["score"] += synced_clock() - generated
         mask = sampled.completion_mask.float()
         kl = (log_probs - ref_log_probs) * mask
         rewards = per_token_rewards(scores, kl, mask, self.kl_coef)
@@ -273,6 +278,19 @@ class PPOTrainer(Trainer):
             self.kl_coef = adaptive_kl_coef(
                 self.kl_coef, means["objective/kl"], self.args.kl_target, samples, self.args.kl_horizon
             )
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds of the last `train()` spent generating rollouts, scoring them (rewards, and the policy,
+        critic and reference forwards), and updating (the PPO epochs, and the Trainer's own work)."""
+        runtime = next(
+            (e["train_runtime"] for e in reversed(self.state.log_history) if "train_runtime" in e), 0.0
+        )
+        rollout = self.seconds["generate"] + self.seconds["score"]
+        return {
+            "time_generate_s": self.seconds["generate"],
+            "time_score_s": self.seconds["score"],
+            "time_update_s": max(runtime - rollout, 0.0),
+        }
 
     # --- the update ---
 

@@ -3,6 +3,7 @@ stages' held-out reward measurement, so both see completions made the same way."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -117,3 +118,10 @@ def decode(tokenizer: Any, completions: Completions, prompts: list[Any]) -> list
         [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
         for prompt, text in zip(prompts, texts, strict=True)
     ]
+
+
+def synced_clock() -> float:
+    """Wall time once the accelerator has finished what was queued (CUDA runs asynchronously)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
