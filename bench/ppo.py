@@ -63,7 +63,8 @@ def pipeline_body(model_dir: Path) -> dict[str, Any]:
 def stage_metrics(name: str) -> dict[str, Any]:
     record = json.loads((RUNS / PIPELINE / name / "align-stage.json").read_text())
     keys = ("seconds_per_step", "train_reward_first", "train_reward_last", "train_kl_first", "train_kl_last")
-    found = {key: record["metrics"].get(key) for key in (*keys, "trainable_changed")}
+    split = ("time_generate_s", "time_score_s", "time_update_s")
+    found = {key: record["metrics"].get(key) for key in (*keys, *split, "trainable_changed")}
     return {"status": record["status"], **found}
 
 
@@ -72,10 +73,11 @@ def markdown(results: dict[str, dict[str, Any]], device: str) -> str:
         f"# PPO step time per backend ({device}, {WORKERS} ranks, 59.7M-parameter Llama, {STEPS} steps)",
         "",
         "Seconds per optimizer step (rollout of 8 prompts x 16 tokens per rank, scoring, update),",
-        "and the ratio to the ddp stage of the same kind in the same run.",
+        "the ratio to the ddp stage of the same kind in the same run, and how the train loop divides.",
         "",
-        "| stage | s/step | vs baseline | reward first -> last | KL first -> last | trainable changed |",
-        "|---|---:|---:|---|---|---:|",
+        "| stage | s/step | vs baseline | generate / score / update | reward first -> last | KL first -> last "
+        "| trainable changed |",
+        "|---|---:|---:|---|---|---|---:|",
     ]
     for name, found in results.items():
         base = BASELINES.get(name)
@@ -84,8 +86,18 @@ def markdown(results: dict[str, dict[str, Any]], device: str) -> str:
         reward = f"{found['train_reward_first']:.3f} -> {found['train_reward_last']:.3f}"
         kl = f"{found['train_kl_first']:.3f} -> {found['train_kl_last']:.3f}"
         changed = found["trainable_changed"]
-        lines.append(f"| {name} | {step:.3f} | {ratio} | {reward} | {kl} | {changed:.2f} |")
+        lines.append(
+            f"| {name} | {step:.3f} | {ratio} | {time_split(found)} | {reward} | {kl} | {changed:.2f} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+def time_split(found: dict[str, Any]) -> str:
+    """The share of the train loop spent generating rollouts, scoring them and updating."""
+    seconds = [found.get(f"time_{phase}_s") for phase in ("generate", "score", "update")]
+    if None in seconds:
+        return "-"
+    return " / ".join(f"{100 * part / sum(seconds):.0f}%" for part in seconds)
 
 
 def main() -> int:
