@@ -75,8 +75,8 @@ def markdown(results: dict[str, dict[str, Any]], device: str) -> str:
         "Seconds per optimizer step (rollout of 8 prompts x 16 tokens per rank, scoring, update),",
         "the ratio to the ddp stage of the same kind in the same run, and how the train loop divides.",
         "",
-        "| stage | s/step | vs baseline | generate / score / update | reward first -> last | KL first -> last "
-        "| trainable changed |",
+        "| stage | s/step | vs baseline | generate / score / update | reward first -> last "
+        "| KL first -> last | trainable changed |",
         "|---|---:|---:|---|---|---|---:|",
     ]
     for name, found in results.items():
