@@ -68,7 +68,26 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
     problems += reward_problems(pipeline)
+    problems += vllm_problems(pipeline)
     return edges, problems
+
+
+def vllm_problems(pipeline: Pipeline) -> list[Problem]:
+    """TRL's `use_vllm` (GRPO, RLOO) generates with vLLM, an optional GPU-only package: without it the
+    stage would fail in its worker after the models load, so it is refused here."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return []
+    message = (
+        "vLLM is not installed here; it generates on GPUs only: `pip install vllm` on a GPU machine, or "
+        "drop `use_vllm` (generation then runs in transformers, as by default)"
+    )
+    return [
+        Problem(f"stages.{name}.trl.use_vllm", message)
+        for name, stage in pipeline.stages.items()
+        if getattr(stage, "trl", {}).get("use_vllm") is True
+    ]
 
 
 def reward_problems(pipeline: Pipeline) -> list[Problem]:

@@ -115,6 +115,19 @@ def test_a_reward_names_one_source(tmp_path, capsys) -> None:
     assert code == 2 and err.count("give exactly one of `function` (a reward function) or `model`") == 2
 
 
+def test_vllm_generation_is_refused_where_vllm_is_not_installed(tmp_path, capsys, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    grpo = rl_stage("grpo", RULES)
+    grpo["trl"] = {**grpo["trl"], "use_vllm": True}
+    code, err = validate(capsys, write(tmp_path, {"sft": sft_stage(), "grpo": grpo}))
+    assert code == 2 and "stages.grpo.trl.use_vllm: vLLM is not installed here" in err
+
+
 def test_shipped_pipeline_is_valid(capsys) -> None:
     assert main(["validate", str(Path(__file__).parents[1] / "pipelines" / "tiny_grpo.yaml")]) == 0
 
