@@ -19,9 +19,9 @@ from typing import Any
 from align.checkpoints import latest_complete
 from align.console import progress_text
 from align.graph import order
-from align.run.lock import LOCK, describe
+from align.run.launch import read_progress
+from align.run.lock import LOCK, describe, same_process
 from align.run.records import RECORD, attempts, read_record
-from align.run.worker import PROGRESS_FILE
 
 
 @dataclass(frozen=True)
@@ -44,30 +44,13 @@ def live_holder(folder: Path) -> dict[str, Any] | None:
         return None
     if holder.get("host") != socket.gethostname():
         return holder  # another machine's run: its process cannot be checked from here
-    return holder if started_before(holder["pid"], holder.get("started", 0)) else None
-
-
-def started_before(pid: int, moment: float) -> bool:
-    """Whether process `pid` exists and already did at `moment` (a reused PID started later)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time() <= moment + 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+    return holder if same_process(holder["pid"], holder.get("started", 0)) else None
 
 
 def latest_attempt(final: Path) -> tuple[Path, dict[str, Any]] | None:
     """The most recent unfinished attempt at a stage (scratch or kept failed folder) and its record."""
     found = [(folder, record) for folder in attempts(final) if (record := read_record(folder))]
     return max(found, key=lambda pair: pair[1].get("started", 0), default=None)
-
-
-def read_progress(folder: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((folder / PROGRESS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def clock(seconds: float) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from align.cli import main
-from align.run.lock import LOCK
+from align.run.lock import LOCK, process_started
 from align.run.records import keep_failed, publish, scratch_name, start_attempt, write_json
 
 STAGES = ("sft", "dpo", "rm", "merge")
@@ -68,7 +68,7 @@ def test_each_stage_is_done_running_failed_or_pending_while_a_run_holds_the_fold
     path = pipeline_file(tmp_path)
     folder = tmp_path / "runs" / "p"
     lay_out_run(folder)
-    hold_lock(folder, os.getpid(), time.time())  # this process stands in for the run
+    hold_lock(folder, os.getpid(), process_started())  # this process stands in for the run
     head, sft, dpo, rm, merge = status(capsys, path)
     assert f"running, PID {os.getpid()}" in head
     assert sft.split()[:2] == ["sft", "done"]

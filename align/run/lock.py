@@ -54,6 +54,13 @@ def same_process(pid: int, started: float) -> bool:
         return False
 
 
+def process_started() -> float:
+    """When this process started, as `same_process` compares it."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 def stop_leftovers(holder: dict[str, Any]) -> list[int]:
     """Kill the processes a dead run had started (its embedded Ray) that outlived it."""
     if holder.get("host") != socket.gethostname():
@@ -83,7 +90,7 @@ def run_lock(folder: Path, command: str) -> Iterator[RunLock]:
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "started": time.time(),
+            "started": process_started(),  # with the PID, names this process even once PIDs are reused
             "command": command,
         }
         lock = RunLock(file, {**holder, "processes": []}, stopped)
