@@ -88,11 +88,11 @@ def wait_for_step(pipeline_dir: Path, step: int, proc: subprocess.Popen, timeout
 
 
 def train_workers(driver: int) -> list[psutil.Process]:
-    """The Ray Train worker processes below a driver (its embedded Ray's raylet starts them)."""
+    """The stage worker processes below a driver (its embedded Ray's raylet starts them)."""
     return [
         p
         for p in psutil.Process(driver).children(recursive=True)
-        if "RayTrainWorker" in " ".join(p.cmdline())
+        if "StageWorker" in " ".join(p.cmdline())
     ]
 
 

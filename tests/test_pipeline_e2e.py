@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from pages import find_chromium, ink, inline_images, view
 
 pytestmark = pytest.mark.integration
@@ -103,7 +104,7 @@ def test_stage_folders_hold_exactly_the_expected_files(demo_run):
         assert_tensorboard_holds_the_logged_losses(folder / trained / "logs")
     assert sorted(p.name for p in (folder / "merge" / "logs").iterdir()) == ["worker-0.log"]
     hidden = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
-    assert hidden == [".align-run.lock", ".ray"]  # the run lock (empty once released) and Ray's own
+    assert hidden == [".align-run.lock"]  # the run lock, empty once released
 
 
 def assert_tensorboard_holds_the_logged_losses(logs: Path) -> None:
@@ -223,6 +224,25 @@ def test_merged_model_loads_in_plain_transformers_and_matches_the_adapter(demo_r
     assert delta <= 1e-4
     generated = merged.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
     assert generated.shape[1] > ids.shape[1]
+
+
+def logged_losses(stage_folder: Path) -> list[float]:
+    entries = [json.loads(line) for line in (stage_folder / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [entry["loss"] for entry in entries if "loss" in entry]
+
+
+def test_a_stage_on_a_warm_worker_trains_as_it_does_on_fresh_ones(demo_run):
+    """The demo's dpo ran on the worker that had just run sft; run alone, it starts on fresh workers. A
+    stage must not inherit anything from the one before it in the same process."""
+    folder, _ = demo_run
+    adapter = folder / "dpo" / "adapter" / "adapter_model.safetensors"
+    warm_weights, warm_losses = load_file(adapter), logged_losses(folder / "dpo")
+    fresh = align_run(folder.parent, "--stage", "dpo", "--force", "dpo")
+    assert status_lines(fresh) == {"sft": "skipped", "dpo": "running"}
+    assert logged_losses(folder / "dpo") == warm_losses
+    fresh_weights = load_file(adapter)
+    assert fresh_weights.keys() == warm_weights.keys()
+    assert all(torch.equal(fresh_weights[name], warm_weights[name]) for name in warm_weights)
 
 
 def test_rerun_skips_every_stage_and_a_changed_trl_value_reruns_it_and_downstream(demo_run):

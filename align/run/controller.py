@@ -1,4 +1,4 @@
-"""The Ray driver: a thin controller that walks the plan and runs each stage as a Ray Train job.
+"""The Ray driver: a thin controller that walks the plan and runs each stage on warm Ray workers.
 
 It reads like single-process code: hold the pipeline's output folder, then for each stage in order,
 skip it if its record matches, else launch it (resuming an earlier attempt's checkpoint, retrying lost
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from align.models import resolve_model
 from align.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
 from align.run import records
 from align.run.disk import check_space, probe_writable
-from align.run.launch import LostWorkers, connect, ray_launch
+from align.run.launch import LostWorkers, connect, disconnect, ray_launch
 from align.run.lock import RunLock, run_lock
 from align.run.worker import RESULT
+from align.run.workers import GroupShape, WarmWorkers
 from align.secrets import redact
 
 Event = Callable[[str], None]
@@ -258,10 +260,10 @@ def run_plan(
     pipeline_folder = records.pipeline_dir(root, plan.pipeline.name)
     probe_writable(pipeline_folder)
     outcomes = []
-    with run_lock(pipeline_folder, command) as lock:
+    with run_lock(pipeline_folder, command) as lock, ray_launcher(lock, address, verbose, on_progress) as ray:
         if lock.stopped:
             on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
-        launch = launch or ray_launcher(lock, address, verbose, on_progress)
+        launch = launch or ray
         for name in (n for n in plan.order if n in wanted):
             stage = replace(plan.stages[name], inputs=resolve_inputs(plan.stages[name], folders))
             stamp = fingerprint(stage, folders)
@@ -287,24 +289,32 @@ def run_plan(
     return outcomes
 
 
+@contextmanager
 def ray_launcher(
     lock: RunLock, address: str | None, verbose: bool, on_progress: Callable[[str, dict[str, Any]], None]
-) -> Launcher:
-    """`ray_launch`, noting the processes of the embedded Ray under the run's lock, so that a later run
-    can stop them should this driver be killed."""
+) -> Iterator[Launcher]:
+    """`ray_launch` on the run's warm workers (one group, kept across stages of its shape), noting the
+    processes of the embedded Ray under the run's lock, so that a later run can stop them should this
+    driver be killed. Ray starts with the first stage that runs (a run that skips every stage never
+    starts it) and stops, with the workers, before the run's lock is released."""
+    workers = WarmWorkers()
 
     def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
         messages = scratch.parent / "ray-messages.log"
         connect(address, verbose, messages, plan.pipeline.module_roots())
+        group = workers.group_for(GroupShape(stage.workers, plan.hardware.accelerator))
         lock.note_processes()
         return ray_launch(
-            plan,
+            group,
             stage,
             scratch,
             resume,
-            address=address,
             verbose=verbose,
             on_progress=lambda progress: on_progress(stage.name, progress),
         )
 
-    return launch
+    try:
+        yield launch
+    finally:
+        workers.stop()
+        disconnect()

@@ -1,24 +1,26 @@
-"""One attempt at a stage on Ray Train: join (or start) Ray, run the worker group, wait, classify the end.
+"""One attempt at a stage on a warm worker group: run it on every rank, wait, classify the end.
 
-`trainer.fit()` runs in a thread, so that Ray Train's own SIGINT handler (which exits 0) is never
-installed and align's stays in charge: the driver waits here, shows progress, and on Ctrl-C/SIGTERM
-shuts Ray down, which stops every worker. A failure is either a lost worker (Ray's own error: a
-killed or OOM-killed process, a lost node), which the controller retries from the latest checkpoint,
-or the stage's own error, which is not retried and is reported once, with the path of the worker log.
+The driver waits here, shows progress, and on Ctrl-C/SIGTERM shuts Ray down, which stops every worker.
+A failure is either a lost worker (Ray's own error: a killed or OOM-killed process, a lost node), which
+the controller retries from the latest checkpoint on a fresh group, or the stage's own error, which is
+not retried and is reported once, with the path of the worker log.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from align.errors import AlignError, StageFailed
-from align.plan import Plan, StagePlan
-from align.run.worker import ERROR, PROGRESS_FILE, RESULT, train_loop
+from align.plan import StagePlan
+from align.run.worker import ERROR, PROGRESS_FILE, RESULT
+
+if TYPE_CHECKING:
+    from align.run.workers import WorkerGroup
 
 FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
@@ -30,6 +32,7 @@ FORWARDED_ENV = (
     "PYTHONHASHSEED",
 )
 POLL_SECONDS = 0.5
+FAILURE_GRACE_S = 5.0
 
 
 class LostWorkers(StageFailed):
@@ -99,43 +102,18 @@ def disconnect() -> None:
         ray.shutdown()
 
 
-def is_lost_worker(error: BaseException) -> bool:
-    """Whether a Ray Train failure is Ray's (a worker died or stopped answering) rather than the stage's:
-    Ray reports a dead worker with its own exception types, and a stage error as the stage raised it."""
-    failures = getattr(error, "worker_failures", None) or {}
-    return any(type(failure).__module__.startswith("ray.") for failure in failures.values())
-
-
-def lost_workers(stage: str, error: BaseException) -> LostWorkers:
+def lost_workers(stage: str, lost: dict[int, BaseException]) -> LostWorkers:
     """Which ranks Ray lost, and how it noticed."""
-    lost = {rank: type(failure).__name__ for rank, failure in error.worker_failures.items()}
-    ranks = ", ".join(f"rank {rank} ({how})" for rank, how in sorted(lost.items()))
+    ranks = ", ".join(f"rank {rank} ({type(how).__name__})" for rank, how in sorted(lost.items()))
     return LostWorkers(f"stage '{stage}' lost a worker: {ranks}")
 
 
-def stage_error(stage: str, error: BaseException) -> StageFailed:
-    """The stage's own error in one line: what the lowest failing rank raised, naming that rank."""
-    failures = getattr(error, "worker_failures", None) or {}
-    rank, failure = min(failures.items(), key=lambda item: item[0], default=(0, error))
+def stage_error(stage: str, rank: int, failure: BaseException) -> StageFailed:
+    """The stage's own error in one line: what the first failing rank raised, naming that rank."""
     lines = str(failure).strip().splitlines()
     return StageFailed(
         f"stage '{stage}' failed: {type(failure).__name__}: {lines[-1] if lines else ''}", rank
     )
-
-
-def run_in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    """Start `work` in a daemon thread; its result or exception lands in the returned dict."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["result"] = work()
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread as is
-            outcome["error"] = err
-
-    thread = threading.Thread(target=target, name="align-fit", daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 def read_progress(scratch: Path) -> dict[str, Any] | None:
@@ -146,54 +124,60 @@ def read_progress(scratch: Path) -> dict[str, Any] | None:
 
 
 def ray_launch(
-    plan: Plan,
+    group: WorkerGroup,
     stage: StagePlan,
     scratch: Path,
     resume: Path | None,
     *,
-    address: str | None = None,
     verbose: bool = False,
     on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Run one attempt of the stage on `stage.workers` Ray Train workers, from `resume` (a checkpoint
-    folder) if given; return rank 0's result. Ray is joined (or started) here, so a run whose stages
-    are all up to date never starts it."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    connect(address, verbose)
+    """Run one attempt of the stage on the warm `group` (`stage.workers` ranks), from `resume` (a
+    checkpoint folder) if given; return rank 0's result. The driver waits here, showing progress; on
+    Ctrl-C/SIGTERM it shuts Ray down, which stops every worker. A failure leaves the group stopped (a rank
+    may be dead, or waiting in a collective for one that is)."""
     for stale in (ERROR, RESULT):
         (scratch / stale).unlink(missing_ok=True)
-    gpu = plan.hardware.accelerator
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // stage.workers)
     config = {"plan": stage, "output_dir": str(scratch), "resume": str(resume) if resume else None}
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={**config, "verbose": verbose},
-        scaling_config=ScalingConfig(
-            num_workers=stage.workers, use_gpu=gpu, resources_per_worker=None if gpu else {"CPU": cpus}
-        ),
-        torch_config=TorchConfig(backend="nccl" if gpu else "gloo"),
-        run_config=RunConfig(
-            name=f"{plan.pipeline.name}-{stage.name}-{scratch.name[-8:]}",
-            storage_path=str(scratch.parent / ".ray"),
-        ),
-    )
-    thread, outcome = run_in_thread(trainer.fit)
     try:
-        while thread.is_alive():
-            thread.join(POLL_SECONDS)
-            if (progress := read_progress(scratch)) is not None:
-                on_progress(progress)
+        failures = wait_for(group, group.run({**config, "verbose": verbose}), scratch, on_progress)
     except BaseException:
         disconnect()  # Ctrl-C or SIGTERM: stops the workers; the caller keeps the stage aside
         raise
-    if "error" not in outcome:
+    if not failures:
         return json.loads((scratch / RESULT).read_text())
-    error = outcome["error"]
+    group.stop()
     if (scratch / ERROR).exists():
         raise AlignError(json.loads((scratch / ERROR).read_text())["message"]) from None
-    if is_lost_worker(error):
-        raise lost_workers(stage.name, error) from None
-    raise stage_error(stage.name, error) from None
+    from ray.exceptions import RayTaskError
+
+    own = {rank: err for rank, err in failures.items() if isinstance(err, RayTaskError)}
+    if len(own) < len(failures):
+        raise lost_workers(stage.name, {r: e for r, e in failures.items() if r not in own}) from None
+    rank = next(iter(own))
+    raise stage_error(stage.name, rank, own[rank].cause or own[rank]) from None
+
+
+def wait_for(
+    group: WorkerGroup, runs: list[Any], scratch: Path, on_progress: Callable[[dict[str, Any]], None]
+) -> dict[int, BaseException]:
+    """Wait for every rank of the group (its start first), showing progress; the ranks that failed, the
+    first to fail first: once one has, the others get a moment to report theirs (a rank that lost its
+    peer fails in a collective, or hangs in one)."""
+    import ray
+
+    rank_of = {ref: rank for rank, ref in enumerate(group.joined)}
+    rank_of.update({ref: rank for rank, ref in enumerate(runs)})
+    pending, failures = [*group.joined, *runs], {}
+    deadline = None
+    while pending and (deadline is None or time.monotonic() < deadline):
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                failures.setdefault(rank_of[ref], err)
+                deadline = deadline or time.monotonic() + FAILURE_GRACE_S
+        if (progress := read_progress(scratch)) is not None:
+            on_progress(progress)
+    return failures

@@ -1,0 +1,172 @@
+"""A warm group of Ray actors that run a run's stages: started once, kept across stages of the same size.
+
+Ray Train's `TorchTrainer` starts a controller actor and fresh worker processes for every stage, and each
+imports torch, transformers and TRL again: about 11 s per stage on 2 cores before the first step. This
+group does what Ray Train's torch backend does (one actor per rank, each rank's environment, the process
+group over gloo or NCCL, the node's GPUs shared by its ranks) once per run; a stage is then one call per
+rank. Between stages a worker resets what a stage leaves in the process (Accelerate's state singletons,
+its environment, cached GPU memory), so a stage runs the same on a warm worker as on a fresh one
+(`tests/test_warm_workers.py`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+WARM_IMPORTS = ("torch", "transformers", "trl", "peft", "align.stages.context", "align.stages.training")
+"""What every stage imports, imported while the group starts rather than in the first stage."""
+PROCESS_GROUP_TIMEOUT_S = 1800
+
+
+class StageWorker:
+    """One rank: joins the group once, then runs stage after stage (`align.run.worker.train_loop`)."""
+
+    def where(self) -> tuple[str, list[str]]:
+        """This actor's node (IP) and the GPUs Ray gave it."""
+        import ray
+
+        return ray.util.get_node_ip_address(), [str(gpu) for gpu in ray.get_gpu_ids()]
+
+    def free_port(self) -> int:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return probe.getsockname()[1]
+
+    def join(self, env: dict[str, str], backend: str, threads: int) -> None:
+        """Take this rank's environment, import what stages need, and join the process group."""
+        os.environ.update(env)
+        import importlib
+
+        for module in WARM_IMPORTS:
+            importlib.import_module(module)
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(env["LOCAL_RANK"]))
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
+        )
+
+    def run(self, config: dict[str, Any]) -> None:
+        """Run one stage on this rank, then leave the process as the next stage expects to find it."""
+        from align.run.worker import train_loop
+
+        environment = dict(os.environ)
+        try:
+            train_loop(config)
+        finally:
+            reset_process(environment)
+
+
+def reset_process(environment: dict[str, str]) -> None:
+    """Undo what a stage leaves behind: Accelerate's singletons (which refuse a second stage with other
+    settings), environment variables it set (a hub token, TensorBoard's folder), and freed memory."""
+    import gc
+
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    os.environ.clear()
+    os.environ.update(environment)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What a stage needs of a group: the same shape can run it on the same warm actors."""
+
+    workers: int
+    gpu: bool
+
+
+def rank_environments(places: list[tuple[str, list[str]]], master: tuple[str, int], gpu: bool) -> list[dict]:
+    """Each rank's torchrun-style environment, from where each actor landed: ranks on one node share that
+    node's GPUs (so NCCL sees its peers), and each takes the one its local rank names."""
+    nodes = list(dict.fromkeys(node for node, _ in places))
+    envs = []
+    for rank, (node, _) in enumerate(places):
+        local = [i for i, (other, _) in enumerate(places) if other == node]
+        env = {
+            "MASTER_ADDR": master[0],
+            "MASTER_PORT": str(master[1]),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(len(places)),
+            "LOCAL_RANK": str(local.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(local)),
+            "NODE_RANK": str(nodes.index(node)),
+        }
+        if gpu:
+            shared = sorted({g for i in local for g in places[i][1]}, key=int)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(shared)
+            env["ACCELERATE_TORCH_DEVICE"] = f"cuda:{local.index(rank)}"
+            env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        else:
+            env["ACCELERATE_TORCH_DEVICE"] = "cpu"
+        envs.append(env)
+    return envs
+
+
+class WorkerGroup:
+    """`shape.workers` actors in one process group; `run` calls every rank and returns their futures."""
+
+    def __init__(self, shape: GroupShape) -> None:
+        import ray
+
+        self.shape = shape
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // shape.workers)
+        options = {"num_gpus": 1} if shape.gpu else {"num_cpus": cpus}
+        remote = ray.remote(max_restarts=0, max_concurrency=1, **options)(StageWorker)
+        self.actors = [remote.remote() for _ in range(shape.workers)]
+        places = ray.get([actor.where.remote() for actor in self.actors])
+        master = (places[0][0], ray.get(self.actors[0].free_port.remote()))
+        envs = rank_environments(places, master, shape.gpu)
+        backend = "nccl" if shape.gpu else "gloo"
+        self.joined = [a.join.remote(env, backend, cpus) for a, env in zip(self.actors, envs, strict=True)]
+        self.stopped = False
+
+    def run(self, config: dict[str, Any]) -> list[Any]:
+        return [actor.run.remote(config) for actor in self.actors]
+
+    def stop(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.stopped = True
+
+
+class WarmWorkers:
+    """The run's one group at a time: kept while stages fit its shape, replaced when one does not (its
+    CPUs or GPUs go to the new one) or when a failure stopped it."""
+
+    def __init__(self) -> None:
+        self.group: WorkerGroup | None = None
+
+    def group_for(self, shape: GroupShape) -> WorkerGroup:
+        if self.group is not None and not self.group.stopped and self.group.shape == shape:
+            return self.group
+        if self.group is not None and not self.group.stopped:
+            self.group.stop()
+        self.group = WorkerGroup(shape)
+        return self.group
+
+    def stop(self) -> None:
+        """Stop the group, unless Ray went first (an interrupt shuts it down, and its workers with it)."""
+        import ray
+
+        if self.group is not None and not self.group.stopped and ray.is_initialized():
+            self.group.stop()
