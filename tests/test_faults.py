@@ -90,9 +90,7 @@ def wait_for_step(pipeline_dir: Path, step: int, proc: subprocess.Popen, timeout
 def train_workers(driver: int) -> list[psutil.Process]:
     """The stage worker processes below a driver (its embedded Ray's raylet starts them)."""
     return [
-        p
-        for p in psutil.Process(driver).children(recursive=True)
-        if "StageWorker" in " ".join(p.cmdline())
+        p for p in psutil.Process(driver).children(recursive=True) if "StageWorker" in " ".join(p.cmdline())
     ]
 
 

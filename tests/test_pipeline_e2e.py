@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from pages import find_chromium, ink, inline_images, view
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.integration
 
@@ -227,7 +227,8 @@ def test_merged_model_loads_in_plain_transformers_and_matches_the_adapter(demo_r
 
 
 def logged_losses(stage_folder: Path) -> list[float]:
-    entries = [json.loads(line) for line in (stage_folder / "logs" / "metrics.jsonl").read_text().splitlines()]
+    lines = (stage_folder / "logs" / "metrics.jsonl").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
     return [entry["loss"] for entry in entries if "loss" in entry]
 
 
