@@ -84,12 +84,15 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
 	@chromium --version
 
-# Memory plan vs measured model states per backend, then PPO step time per backend (about 8 min on
-# 2 cores); see bench/README.md.
-.PHONY: bench bench-cli
-bench: $(SETUP) bench-cli
+# Memory plan vs measured model states per backend, PPO step time per backend, SFT tokens/s per batching
+# (about 12 min on 2 cores); see bench/README.md.
+.PHONY: bench bench-cli bench-batching
+bench: $(SETUP) bench-cli bench-batching
 	$(OFFLINE) $(PY) bench/memory.py
 	$(OFFLINE) $(PY) bench/ppo.py
+
+bench-batching: $(SETUP)
+	$(OFFLINE) $(PY) bench/batching.py
 
 # `align run` vs a plain TRL script of the same SFT: fixed cost per run and per stage, skip, validate/plan
 # (about 8 min on 2 cores); writes bench/results/overhead-cpu.md

@@ -7,6 +7,7 @@ without it is never resumed from. Kept free of torch: the driver reads this to s
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 CHECKPOINTS = "checkpoints"
 KEEP = 2  # complete checkpoints kept unless `trl.save_total_limit` says otherwise
 COMPLETE = "align-complete"
+TRAINER_STATE = "trainer_state.json"
 STEP_FOLDER = re.compile(r"checkpoint-(\d+)")
 
 
@@ -29,11 +31,23 @@ def checkpoint_steps(stage_dir: Path) -> dict[int, Path]:
 
 
 def latest_complete(stage_dir: Path) -> tuple[int, Path] | None:
-    """The step and folder of the newest checkpoint that every rank finished, or None."""
+    """The step and folder of the newest checkpoint that every rank finished, or None. A checkpoint of a
+    run's last step (a run killed while it published) is passed over for the one before: resumed from
+    there, transformers would train one step past `max_steps`."""
     complete = [
-        (step, path) for step, path in checkpoint_steps(stage_dir).items() if (path / COMPLETE).exists()
+        (step, path)
+        for step, path in checkpoint_steps(stage_dir).items()
+        if (path / COMPLETE).exists() and not at_the_last_step(path)
     ]
     return max(complete) if complete else None
+
+
+def at_the_last_step(checkpoint: Path) -> bool:
+    try:
+        state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return 0 < state.get("max_steps", 0) <= state.get("global_step", 0)
 
 
 def remove_torn(stage_dir: Path) -> list[int]:

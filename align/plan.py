@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from align.architectures import Architecture, architecture_for
 from align.backends import BACKENDS, Backend
+from align.batching import sft_batching
 from align.cache import cache_root
 from align.errors import ConfigError, Problem
 from align.graph import order, reference_target, references
@@ -72,6 +73,7 @@ class StagePlan:
     max_failures: int = 2  # lost workers retried, each time from the latest checkpoint
     remote_code: bool = False  # the pipeline's `allow_custom_code`: models may run their own code
     checkpoint_minutes: float = 30.0
+    batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/batching.py
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -324,6 +326,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         max_failures=pipeline.stage_setting(name, "max_failures"),
         checkpoint_minutes=pipeline.stage_setting(name, "checkpoint_minutes"),
         remote_code=pipeline.allow_custom_code,
+        batching=sft_batching(stage.trl) if stage.kind == "sft" else None,
     )
 
 

@@ -259,11 +259,12 @@ def test_ppo_against_the_learned_reward_teaches_the_rule_with_bounded_kl(rl_run)
 
 
 @pytest.mark.integration
-def test_ppo_records_where_its_time_went(rl_run) -> None:
-    metrics = stage_record(rl_run, "ppo")["metrics"]
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "rloo"])
+def test_rl_stages_record_where_their_time_went(rl_run, stage: str) -> None:
+    metrics = stage_record(rl_run, stage)["metrics"]
     split = [metrics[f"time_{phase}_s"] for phase in ("generate", "score", "update")]
     assert all(seconds > 0 for seconds in split)  # each phase ran and was timed
-    runtime = metrics["seconds_per_step"] * stage_record(rl_run, "ppo")["steps_trained"]
+    runtime = metrics["seconds_per_step"] * stage_record(rl_run, stage)["steps_trained"]
     assert sum(split) == pytest.approx(runtime, rel=0.01)  # the three phases are the whole train loop
 
 

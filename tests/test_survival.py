@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from align.checkpoints import COMPLETE
+from align.checkpoints import COMPLETE, latest_complete
 from align.errors import AlignError, Interrupted, StageFailed
 from align.hardware import Hardware
 from align.pipeline_file import load
@@ -118,6 +118,16 @@ def test_a_torn_latest_checkpoint_is_never_used_the_one_before_it_is(pipeline):
     events = run(pipeline, again)
     assert again.resumed[0].name == "checkpoint-2"
     assert any("unfinished checkpoint(s) at step 4" in e for e in events)
+
+
+def test_a_checkpoint_of_the_last_step_is_passed_over_for_the_one_before(tmp_path):
+    """transformers resumed from its last step trains one step past max_steps (measured: 5 of 4)."""
+    for step in (4, 8):
+        folder = tmp_path / "checkpoints" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / COMPLETE).write_text("{}")
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+    assert latest_complete(tmp_path) == (4, tmp_path / "checkpoints" / "checkpoint-4")
 
 
 def test_restart_throws_the_partial_work_away(pipeline):

@@ -24,7 +24,7 @@ from align.models import resolve_model
 from align.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
 from align.run import records
 from align.run.disk import check_space, probe_writable
-from align.run.launch import LostWorkers, connect, disconnect, ray_launch
+from align.run.launch import LostWorkers, connect, disconnect, ray_launch, worker_env
 from align.run.lock import RunLock, run_lock
 from align.run.worker import RESULT
 from align.run.workers import GroupShape, WarmWorkers
@@ -260,7 +260,10 @@ def run_plan(
     pipeline_folder = records.pipeline_dir(root, plan.pipeline.name)
     probe_writable(pipeline_folder)
     outcomes = []
-    with run_lock(pipeline_folder, command) as lock, ray_launcher(lock, address, verbose, on_progress) as ray:
+    with (
+        run_lock(pipeline_folder, command) as lock,
+        ray_launcher(plan, lock, address, verbose, on_progress) as ray,
+    ):
         if lock.stopped:
             on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
         launch = launch or ray
@@ -291,17 +294,21 @@ def run_plan(
 
 @contextmanager
 def ray_launcher(
-    lock: RunLock, address: str | None, verbose: bool, on_progress: Callable[[str, dict[str, Any]], None]
+    plan: Plan,
+    lock: RunLock,
+    address: str | None,
+    verbose: bool,
+    on_progress: Callable[[str, dict[str, Any]], None],
 ) -> Iterator[Launcher]:
     """`ray_launch` on the run's warm workers (one group, kept across stages of its shape), noting the
     processes of the embedded Ray under the run's lock, so that a later run can stop them should this
     driver be killed. Ray starts with the first stage that runs (a run that skips every stage never
     starts it) and stops, with the workers, before the run's lock is released."""
-    workers = WarmWorkers()
+    workers = WarmWorkers(worker_env(plan.pipeline.module_roots()))
 
     def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
         messages = scratch.parent / "ray-messages.log"
-        connect(address, verbose, messages, plan.pipeline.module_roots())
+        connect(address, verbose, messages)
         group = workers.group_for(GroupShape(stage.workers, plan.hardware.accelerator))
         lock.note_processes()
         return ray_launch(

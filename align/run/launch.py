@@ -46,19 +46,15 @@ def worker_env(module_roots: list[str]) -> dict[str, str]:
     `align` was run and the pipeline file's folder."""
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*module_roots, os.environ.get("PYTHONPATH")]))
-    # Ray Train's print patch defeats dill's stdout capture, flooding the log with bytecode
-    return {**env, "TOKENIZERS_PARALLELISM": "false", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    return {**env, "TOKENIZERS_PARALLELISM": "false"}
 
 
-def connect(
-    address: str | None,
-    verbose: bool = False,
-    messages: Path | None = None,
-    module_roots: list[str] | None = None,
-) -> None:
+def connect(address: str | None, verbose: bool = False, messages: Path | None = None) -> None:
     """Join the named cluster, or start an embedded local Ray: no dashboard, loopback only. Workers'
     output goes to their log files; `verbose` streams it to the console as well. Otherwise Ray's own
-    messages to the driver (a worker died, ...) go to the file `messages`: align says it in one line."""
+    messages to the driver (a worker died, ...) go to the file `messages`: align says it in one line.
+    The workers' environment is not Ray's `runtime_env` but handed to each worker as it starts
+    (align/run/workers.py): Ray's pre-started worker processes serve only the default environment."""
     import ray
 
     if ray.is_initialized():
@@ -68,7 +64,6 @@ def connect(
     address = address or os.environ.get("RAY_ADDRESS")
     # Ray's own INFO/WARNING chatter (and the state-API warnings it makes with no dashboard) is noise here
     settings = {
-        "runtime_env": {"env_vars": worker_env(module_roots or [os.getcwd()])},
         "log_to_driver": verbose,
         "logging_config": ray.LoggingConfig(log_level="ERROR"),
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,10 @@ class StageWorker:
             return probe.getsockname()[1]
 
     def join(self, env: dict[str, str], backend: str, threads: int) -> None:
-        """Take this rank's environment, import what stages need, and join the process group."""
+        """Take this rank's environment (and the driver's module folders, where a reward function of the
+        user's own imports from), import what stages need, and join the process group."""
         os.environ.update(env)
+        sys.path[:0] = [folder for folder in env.get("PYTHONPATH", "").split(os.pathsep) if folder]
         import importlib
 
         for module in WARM_IMPORTS:
@@ -121,9 +124,10 @@ def rank_environments(places: list[tuple[str, list[str]]], master: tuple[str, in
 
 
 class WorkerGroup:
-    """`shape.workers` actors in one process group; `run` calls every rank and returns their futures."""
+    """`shape.workers` actors in one process group, each with `env` (the driver's, align/run/launch.py
+    `worker_env`) and its rank's; `run` calls every rank and returns their futures."""
 
-    def __init__(self, shape: GroupShape) -> None:
+    def __init__(self, shape: GroupShape, env: dict[str, str]) -> None:
         import ray
 
         self.shape = shape
@@ -133,7 +137,7 @@ class WorkerGroup:
         self.actors = [remote.remote() for _ in range(shape.workers)]
         places = ray.get([actor.where.remote() for actor in self.actors])
         master = (places[0][0], ray.get(self.actors[0].free_port.remote()))
-        envs = rank_environments(places, master, shape.gpu)
+        envs = [{**env, **rank} for rank in rank_environments(places, master, shape.gpu)]
         backend = "nccl" if shape.gpu else "gloo"
         self.joined = [a.join.remote(env, backend, cpus) for a, env in zip(self.actors, envs, strict=True)]
         self.stopped = False
@@ -153,7 +157,8 @@ class WarmWorkers:
     """The run's one group at a time: kept while stages fit its shape, replaced when one does not (its
     CPUs or GPUs go to the new one) or when a failure stopped it."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
         self.group: WorkerGroup | None = None
 
     def group_for(self, shape: GroupShape) -> WorkerGroup:
@@ -161,7 +166,7 @@ class WarmWorkers:
             return self.group
         if self.group is not None and not self.group.stopped:
             self.group.stop()
-        self.group = WorkerGroup(shape)
+        self.group = WorkerGroup(shape, self.env)
         return self.group
 
     def stop(self) -> None:

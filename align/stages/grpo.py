@@ -19,6 +19,7 @@ from align.stages.context import (
     stage_tokenizer,
 )
 from align.stages.rl import held_out_rewards, stage_rewards
+from align.stages.rollout_clock import RolloutClock
 from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
@@ -58,6 +59,7 @@ def run(ctx: StageContext) -> StageResult:
             peft_config=peft_config(lora),
         )
     held_out = evaluation
+    clock = RolloutClock(trainer)
 
     def mean_rewards(phase: str) -> dict[str, float]:
         return suffixed(
@@ -73,5 +75,6 @@ def run(ctx: StageContext) -> StageResult:
         held_out=measure,
         curves=(("reward", "reward"),),
         sample_prompts=sample_prompts(held_out if held_out is not None else train),
+        run_metrics=clock.split,
     )
     return train_stage(ctx, training)

@@ -1,7 +1,9 @@
-"""Supervised fine-tuning with TRL's SFTTrainer, full-parameter or LoRA/QLoRA."""
+"""Supervised fine-tuning with TRL's SFTTrainer, full-parameter or LoRA/QLoRA, padding-free unless the stage
+asks otherwise (align/batching.py)."""
 
 from __future__ import annotations
 
+from align.batching import PADDING_FREE, truncated, without_length_limit
 from align.stages.context import (
     StageContext,
     StageResult,
@@ -25,6 +27,8 @@ def run(ctx: StageContext) -> StageResult:
     # where every backend can evaluate (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)
     before = evaluation is not None
     config = stage_config(ctx, {"eval_on_start": before})
+    padding_free = ctx.plan.batching is not None and ctx.plan.batching[0] == PADDING_FREE
+    limit = without_length_limit(config) if padding_free else (None, "")
     tokenizer = stage_tokenizer(ctx)
     trainer = SFTTrainer(
         model=load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
@@ -35,6 +39,8 @@ def run(ctx: StageContext) -> StageResult:
         callbacks=ctx.callbacks(),
         peft_config=peft_config(lora),
     )
+    trainer.train_dataset = truncated(trainer.train_dataset, *limit)
+    trainer.eval_dataset = truncated(trainer.eval_dataset, *limit)
 
     def eval_loss(phase: str) -> dict[str, float]:
         if evaluation is None or phase == "before":

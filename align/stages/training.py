@@ -19,6 +19,7 @@ import torch
 from align.stages.context import DTYPES, StageContext, StageResult, on_training_device
 from align.stages.export import publish
 from align.stages.samples import greedy_completions, paired
+from align.trainers.sampling import train_runtime
 
 
 def no_measure(phase: str) -> dict[str, float]:
@@ -132,9 +133,7 @@ def changed_share(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> fl
 
 def step_seconds(trainer: Any) -> dict[str, float]:
     """Mean wall time per optimizer step of the run just trained."""
-    runtime = next(
-        (entry["train_runtime"] for entry in trainer.state.log_history if "train_runtime" in entry), None
-    )
+    runtime = train_runtime(trainer)
     steps = trainer.state.global_step
     return {"seconds_per_step": runtime / steps} if runtime and steps else {}
 

@@ -125,3 +125,11 @@ def synced_clock() -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+def train_runtime(trainer: Any) -> float | None:
+    """Seconds of the trainer's last `train()`, as the Trainer logged them (`train_runtime`)."""
+    logged = (
+        entry["train_runtime"] for entry in reversed(trainer.state.log_history) if "train_runtime" in entry
+    )
+    return next(logged, None)
