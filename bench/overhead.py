@@ -38,7 +38,8 @@ def timed(command: list[str], cwd: Path) -> tuple[float, str]:
     return elapsed, done.stdout
 
 
-def sft_stage(data: str, steps: int, model: str | None = None) -> dict:
+def sft_stage(data: str, steps: int, model: str | None = None, padded: bool = True) -> dict:
+    """The stage; `padded` batches as plain TRL does by default (align's own default is padding-free)."""
     trl = {
         "max_steps": steps,
         "per_device_train_batch_size": BATCH,
@@ -47,16 +48,17 @@ def sft_stage(data: str, steps: int, model: str | None = None) -> dict:
         "logging_steps": 10,
         "save_strategy": "no",
         "report_to": [],
+        **({"padding_free": False} if padded else {}),
     }
     return {"kind": "sft", "data": {"train": data}, "trl": trl, **({"model": model} if model else {})}
 
 
-def pipeline(folder: Path, data: str, steps: int, stages: int) -> Path:
+def pipeline(folder: Path, data: str, steps: int, stages: int, padded: bool = True) -> Path:
     body = {"name": "overhead", "base_model": "tiny"}
     body["defaults"] = {"output_root": "runs", "workers": 1, "precision": "fp32", "seed": 0}
-    body["stages"] = {"first": sft_stage(data, steps)}
+    body["stages"] = {"first": sft_stage(data, steps, padded=padded)}
     if stages == 2:
-        body["stages"]["second"] = sft_stage(data, steps, model="${stages.first.output}")
+        body["stages"]["second"] = sft_stage(data, steps, model="${stages.first.output}", padded=padded)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "overhead.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -68,14 +70,22 @@ def train_seconds(stage_folder: Path) -> float:
     return next(entry["train_runtime"] for entry in logged if "train_runtime" in entry)
 
 
-def align_run(data: str, steps: int, stages: int = 1) -> dict[str, float]:
+def align_run(data: str, steps: int, stages: int = 1, padded: bool = True) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="align-bench-overhead-"))
-    path = pipeline(folder, data, steps, stages)
+    path = pipeline(folder, data, steps, stages, padded)
     wall, _ = timed([sys.executable, "-m", "align.cli", "run", str(path)], folder)
     names = ["first", "second"][:stages]
     loops = [train_seconds(folder / "runs" / "overhead" / name) for name in names]
+    last = json.loads((folder / "runs" / "overhead" / names[-1] / "align-stage.json").read_text())
     rerun, _ = timed([sys.executable, "-m", "align.cli", "run", str(path)], folder)
-    return {"wall": wall, "train": sum(loops), "last_train": loops[-1], "rerun": rerun, "path": str(path)}
+    return {
+        "wall": wall,
+        "train": sum(loops),
+        "last_train": loops[-1],
+        "last_stage": last["ended"] - last["started"],  # from launch to its record, as the driver saw it
+        "rerun": rerun,
+        "path": str(path),
+    }
 
 
 def plain_run(model: str, data: str, steps: int) -> dict[str, float]:
@@ -111,6 +121,7 @@ def main() -> None:
         large["align"].append(align_run(data, large_steps))
         large["plain"].append(plain_run(model, data, large_steps))
     two = align_run(data, 10, stages=2)
+    defaults = align_run(data, large_steps, padded=False)
     path = small["align"][0]["path"]
     validate = statistics.median(
         timed([sys.executable, "-m", "align.cli", "validate", path], ROOT)[0] for _ in range(3)
@@ -125,6 +136,7 @@ def main() -> None:
         "small": small,
         "large": large,
         "two_stages": two,
+        "align_defaults": defaults,
         "validate": validate,
         "plan": plan,
         "seconds": time.time() - started,
@@ -147,8 +159,9 @@ def report(results: dict) -> str:
         )
     first = median(results["small"]["align"], "wall") - median(results["small"]["align"], "train")
     two = results["two_stages"]
-    further = (two["wall"] - two["train"]) - first
+    further = two["last_stage"] - two["last_train"]
     skip = median(results["small"]["align"], "rerun")
+    default, plain_large = results["align_defaults"], median(results["large"]["plain"], "wall")
     repeat = len(results["small"]["align"])
     return "\n".join(
         [
@@ -156,7 +169,8 @@ def report(results: dict) -> str:
             "",
             f"{results['machine']}. One SFT stage: the tiny Llama, 1 worker, fp32, batch {BATCH}, max_length "
             f"{MAX_LENGTH}, chatterbot rows; `align run` (Ray, the plan, held-out slice and samples, record) "
-            f"against bench/plain_trl_sft.py (the same SFTConfig). Medians of {repeat} alternating runs. "
+            f"against bench/plain_trl_sft.py (same SFTConfig, padded batches, TRL's default; align's own "
+            f"default, padding-free, is below the table). Medians of {repeat} alternating runs. "
             f"Written by `make bench-overhead` (bench/overhead.py) in "
             f"{results['seconds'] / 60:.0f} min.",
             "",
@@ -166,7 +180,11 @@ def report(results: dict) -> str:
             *rows,
             "",
             f"- align's fixed cost outside the train loop, one stage: {first:.1f} s; each further stage: "
-            f"{further:.1f} s (a 2-stage pipeline of the same stage).",
+            f"{further:.1f} s (the second stage of a 2-stage pipeline, launch to record, less its "
+            "train loop).",
+            f"- With align's default batching (padding-free) at {results['large_steps']} steps: "
+            f"{default['wall']:.1f} s wall, train loop {default['train']:.1f} s: "
+            f"{default['wall'] / plain_large:.2f}× plain TRL's wall.",
             f"- A rerun where every stage is up to date: {skip:.2f} s.",
             f"- `align validate`: {results['validate']:.2f} s; `align plan`: {results['plan']:.2f} s (warm).",
             "",

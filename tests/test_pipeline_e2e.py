@@ -246,6 +246,19 @@ def test_a_stage_on_a_warm_worker_trains_as_it_does_on_fresh_ones(demo_run):
     assert all(torch.equal(fresh_weights[name], warm_weights[name]) for name in warm_weights)
 
 
+def test_a_rerun_with_every_stage_up_to_date_starts_no_ray_and_imports_no_torch(demo_run):
+    folder, _ = demo_run
+    code = (
+        "import sys; from align.cli import main\n"
+        f"assert main(['run', {DEMO!r}, '--set', 'defaults.output_root={folder.parent}']) == 0\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'trl', 'ray') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "skipped: up to date" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
 def test_rerun_skips_every_stage_and_a_changed_trl_value_reruns_it_and_downstream(demo_run):
     folder, _ = demo_run
     stamps = {stage: (folder / stage / RECORD).stat().st_mtime_ns for stage in ("sft", "dpo", "merge")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,9 @@ def to_file(messages: Path) -> None:
 
 def disconnect() -> None:
     """Shut down this driver's Ray connection: an embedded Ray stops with it, and so does every actor
-    this driver owns (the run's controller and its workers) on a cluster."""
+    this driver owns (the run's workers) on a cluster. A run that started no Ray does not import it."""
+    if "ray" not in sys.modules:
+        return
     import ray
 
     if ray.is_initialized():

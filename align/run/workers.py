@@ -171,7 +171,9 @@ class WarmWorkers:
 
     def stop(self) -> None:
         """Stop the group, unless Ray went first (an interrupt shuts it down, and its workers with it)."""
+        if self.group is None or self.group.stopped:
+            return
         import ray
 
-        if self.group is not None and not self.group.stopped and ray.is_initialized():
+        if ray.is_initialized():
             self.group.stop()
