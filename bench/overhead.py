@@ -88,6 +88,25 @@ def align_run(data: str, steps: int, stages: int = 1, padded: bool = True) -> di
     }
 
 
+RAY_ALONE = """
+import os, time, ray
+started = time.perf_counter()
+ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+ray.get(ray.remote(lambda: None).remote())
+up = time.perf_counter()
+ray.shutdown()
+print(up - started, time.perf_counter() - up)
+"""
+
+
+def ray_alone() -> dict[str, float]:
+    """Ray's own start (and one task) and stop in a bare script, as align starts it: the part of align's
+    fixed cost that is Ray itself."""
+    _, out = timed([sys.executable, "-c", RAY_ALONE], ROOT)
+    start, stop = map(float, out.split()[-2:])
+    return {"start": start, "stop": stop}
+
+
 def plain_run(model: str, data: str, steps: int) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="align-bench-plain-"))
     script = str(ROOT / "bench" / "plain_trl_sft.py")
@@ -122,6 +141,7 @@ def main() -> None:
         large["plain"].append(plain_run(model, data, large_steps))
     two = align_run(data, 10, stages=2)
     defaults = align_run(data, large_steps, padded=False)
+    ray_alone_runs = [ray_alone() for _ in range(args.repeat)]
     path = small["align"][0]["path"]
     validate = statistics.median(
         timed([sys.executable, "-m", "align.cli", "validate", path], ROOT)[0] for _ in range(3)
@@ -137,6 +157,7 @@ def main() -> None:
         "large": large,
         "two_stages": two,
         "align_defaults": defaults,
+        "ray_alone": ray_alone_runs,
         "validate": validate,
         "plan": plan,
         "seconds": time.time() - started,
@@ -162,6 +183,7 @@ def report(results: dict) -> str:
     further = two["last_stage"] - two["last_train"]
     skip = median(results["small"]["align"], "rerun")
     default, plain_large = results["align_defaults"], median(results["large"]["plain"], "wall")
+    ray_start, ray_stop = median(results["ray_alone"], "start"), median(results["ray_alone"], "stop")
     repeat = len(results["small"]["align"])
     return "\n".join(
         [
@@ -185,6 +207,8 @@ def report(results: dict) -> str:
             f"- With align's default batching (padding-free) at {results['large_steps']} steps: "
             f"{default['wall']:.1f} s wall, train loop {default['train']:.1f} s: "
             f"{default['wall'] / plain_large:.2f}× plain TRL's wall.",
+            f"- Of that, Ray itself (a bare script, median of {repeat}): start {ray_start:.1f} s, stop "
+            f"{ray_stop:.1f} s.",
             f"- A rerun where every stage is up to date: {skip:.2f} s.",
             f"- `align validate`: {results['validate']:.2f} s; `align plan`: {results['plan']:.2f} s (warm).",
             "",

@@ -253,7 +253,7 @@ def run_plan(
     """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents.
 
     The pipeline's output folder is held for the whole run (a second run is refused) and checked
-    writable first. `launch` runs a stage; by default on Ray Train (`ray_launch`)."""
+    writable first. `launch` runs a stage; by default on the run's warm Ray workers (`ray_launch`)."""
     wanted, forced = selected_stages(plan, list(only), [*force, *restart])
     root = plan.pipeline.defaults.output_root
     folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}

@@ -1,4 +1,4 @@
-"""What each Ray Train worker runs: the stage's runner on this rank, under the planned backend.
+"""What each worker runs for a stage: the stage's runner on this rank, under the planned backend.
 
 Each rank's whole output (library warnings, tracebacks) goes to `logs/worker-RANK.log` in the stage's
 folder, not to the console: the driver shows one progress line and, on failure, one error line that
@@ -58,7 +58,7 @@ def output_to(log: Path) -> Iterator[None]:
 
 
 def train_loop(config: dict[str, Any]) -> None:
-    """Ray Train's per-worker function: run the stage; rank 0 leaves its result for the driver."""
+    """One rank of one stage: run it; rank 0 leaves its result for the driver."""
     rank = int(os.environ.get("RANK", "0"))
     output_dir = Path(config["output_dir"])
     if config.get("verbose"):
