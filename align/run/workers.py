@@ -6,12 +6,13 @@ group does what Ray Train's torch backend does (one actor per rank, each rank's 
 group over gloo or NCCL, the node's GPUs shared by its ranks) once per run; a stage is then one call per
 rank. Between stages a worker resets what a stage leaves in the process (Accelerate's state singletons,
 its environment, cached GPU memory), so a stage runs the same on a warm worker as on a fresh one
-(`tests/test_warm_workers.py`).
+(tests/test_pipeline_e2e.py; the parts without Ray in tests/test_workers.py).
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import socket
 import sys
@@ -42,8 +43,6 @@ class StageWorker:
         user's own imports from), import what stages need, and join the process group."""
         os.environ.update(env)
         sys.path[:0] = [folder for folder in env.get("PYTHONPATH", "").split(os.pathsep) if folder]
-        import importlib
-
         for module in WARM_IMPORTS:
             importlib.import_module(module)
         import torch
