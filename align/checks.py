@@ -69,7 +69,24 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
     problems += data_problems(pipeline)
     problems += reward_problems(pipeline)
     problems += vllm_problems(pipeline)
+    problems += ignored_by_trl(pipeline)
     return edges, problems
+
+
+IGNORED_BY_TRL = {
+    ("dpo", "padding_free"): "the pinned TRL turns padding-free DPO off (it pads anyway, with a warning); "
+    "drop it: DPO batches are padded",
+}
+"""`trl:` settings the pinned TRL accepts and then ignores: refused, so the run is the one the file says."""
+
+
+def ignored_by_trl(pipeline: Pipeline) -> list[Problem]:
+    return [
+        Problem(f"stages.{name}.trl.{key}", message)
+        for name, stage in pipeline.stages.items()
+        for (kind, key), message in IGNORED_BY_TRL.items()
+        if stage.kind == kind and getattr(stage, "trl", {}).get(key)
+    ]
 
 
 def vllm_problems(pipeline: Pipeline) -> list[Problem]:

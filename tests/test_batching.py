@@ -123,3 +123,13 @@ def test_rows_are_cut_as_trl_cuts_them_and_rows_left_with_nothing_to_learn_are_d
     first = (cut["input_ids"][0], cut["labels"][0])
     assert first == kept
     assert len(cut) == (1 if mode == "keep_start" else 2)  # [7, 8, 9] has no label left from the start
+
+
+def test_padding_free_dpo_is_refused_naming_the_field(tmp_path: Path, capsys) -> None:
+    from align.cli import main
+
+    dpo = {"kind": "dpo", "data": {"train": "align:chatterbot/prefs/train"}, "trl": {"padding_free": True}}
+    path = tmp_path / "dpo.yaml"
+    path.write_text(yaml.safe_dump({"name": "dpo", "base_model": "tiny", "stages": {"dpo": dpo}}))
+    assert main(["validate", str(path)]) == 2
+    assert "stages.dpo.trl.padding_free: the pinned TRL turns padding-free DPO off" in capsys.readouterr().err
