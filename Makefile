@@ -94,6 +94,11 @@ bench: $(SETUP) bench-cli bench-batching
 bench-batching: $(SETUP)
 	$(OFFLINE) $(PY) bench/batching.py
 
+# One GPU: SmolLM2-135M SFT in bf16, tokens/s and MFU, align against plain TRL (bench/results/sft-gpu.md)
+.PHONY: bench-gpu
+bench-gpu: $(SETUP)
+	$(OFFLINE) $(PY) bench/gpu_sft.py
+
 # `align run` vs a plain TRL script of the same SFT: fixed cost per run and per stage, skip, validate/plan
 # (about 8 min on 2 cores); writes bench/results/overhead-cpu.md
 .PHONY: bench-overhead

@@ -5,7 +5,8 @@ Each run is align's own SFT runner in this process (no Ray: the train loop only)
 seed 0, the same rows, batch and `max_length`; tokens/s is the real (unpadded) tokens TRL counts
 (`num_tokens`) over the train loop's time (`train_runtime`). Padded and padding-free runs see the same rows
 in the same steps (their losses are equal: tests/test_batching.py); packing fills each row to `max_length`
-with pieces of several rows, so its steps hold more tokens. Results: bench/results/batching-cpu.{md,json}.
+with pieces of several rows, so its steps hold more tokens. Results: bench/results/batching-cpu.{md,json}
+(`--model smollm2-135m`: batching-cpu-smollm2-135m.{md,json}).
 Nothing asserts: it measures.
 """
 
@@ -44,8 +45,18 @@ def varied_rows(folder: Path, count: int = 2000) -> str:
     return str(path)
 
 
-def throughput(folder: Path, data: str, steps: int, max_length: int, batch: int, trl: dict) -> dict:
-    """One SFT run's train loop: seconds, tokens trained, tokens/s, first and last loss."""
+def throughput(
+    folder: Path,
+    data: str,
+    steps: int,
+    max_length: int,
+    batch: int,
+    trl: dict,
+    model: str = "tiny",
+    precision: str = "fp32",
+) -> dict:
+    """One SFT run's train loop (align's runner, full parameters): seconds, tokens trained, tokens/s, first
+    and last loss."""
     from align.hardware import Hardware
     from align.pipeline_file import load
     from align.plan import build
@@ -58,15 +69,15 @@ def throughput(folder: Path, data: str, steps: int, max_length: int, batch: int,
         "per_device_train_batch_size": batch,
         "max_length": max_length,
         "learning_rate": 1e-3,
-        "logging_steps": 5,
+        "logging_steps": min(5, steps),
         "save_strategy": "no",
         "report_to": "none",
         **trl,
     }
     body = {
         "name": "bench-batching",
-        "base_model": "tiny",
-        "defaults": {"output_root": str(folder), "precision": "fp32", "seed": 0, "workers": 1},
+        "base_model": model,
+        "defaults": {"output_root": str(folder), "precision": precision, "seed": 0, "workers": 1},
         "stages": {"sft": {"kind": "sft", "data": {"train": data, "eval": "none"}, "trl": trl}},
     }
     folder.mkdir(parents=True)
@@ -91,6 +102,7 @@ def throughput(folder: Path, data: str, steps: int, max_length: int, batch: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--model", default="tiny", help="a builtin model; smollm2-135m is a real 135M Llama")
     args = parser.parse_args()
     from align.corpora import builtin_path
 
@@ -104,17 +116,21 @@ def main() -> None:
         results[name] = {"max_length": max_length, "batch": batch, "runs": {}}
         for index, (mode, trl) in enumerate({**MODES, **PACKED}.items()):
             folder = work / f"{len(results)}-{index}"
-            results[name]["runs"][mode] = throughput(folder, data, args.steps, max_length, batch, trl)
+            results[name]["runs"][mode] = throughput(
+                folder, data, args.steps, max_length, batch, trl, args.model
+            )
     summary = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "steps": args.steps,
+        "model": args.model,
         "sets": results,
         "seconds": time.time() - started,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "batching-cpu.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (RESULTS / "batching-cpu.md").write_text(report(summary))
+    name = "batching-cpu" if args.model == "tiny" else f"batching-cpu-{args.model}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(report(summary))
     print(report(summary))
 
 
@@ -122,8 +138,8 @@ def report(summary: dict) -> str:
     lines = [
         f"# SFT batching: tokens/s against TRL's default padded batches ({summary['date']})",
         "",
-        f"{summary['machine']}. align's SFT runner in one process, the tiny Llama, full parameters, fp32, "
-        f"{summary['steps']} steps per run, the train loop only; tokens are the real (unpadded) ones. "
+        f"{summary['machine']}. align's SFT runner in one process, model `{summary.get('model', 'tiny')}`, full "
+        f"parameters, fp32, {summary['steps']} steps per run, the train loop only; tokens are the real (unpadded) ones. "
         f"Written by `make bench` (bench/batching.py) in {summary['seconds'] / 60:.0f} min.",
         "",
         "| rows | batching | batch × max_length | train loop | tokens | tokens/s | vs padded "

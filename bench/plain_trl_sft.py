@@ -1,6 +1,6 @@
 """The baseline of `make bench-overhead`: the same SFT as the benchmark's align stage, as a plain TRL script
 a user would write (model and data from align's cache so both read the same files). Prints one JSON line:
-the train loop's seconds (TRL's `train_runtime`) and the steps it ran."""
+the train loop's seconds (TRL's `train_runtime`), the steps it ran and the real tokens it trained."""
 
 import argparse
 import json
@@ -16,6 +16,7 @@ parser.add_argument("output_dir")
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--batch", type=int, required=True)
 parser.add_argument("--max-length", type=int, required=True)
+parser.add_argument("--bf16", action="store_true", help="TRL's own default on a GPU (mixed precision)")
 args = parser.parse_args()
 
 config = SFTConfig(
@@ -27,7 +28,7 @@ config = SFTConfig(
     logging_steps=10,
     save_strategy="no",
     report_to=[],
-    bf16=False,  # fp32, as align's `precision: auto` runs on a CPU (TRL's default bf16 is 2.8x slower there)
+    bf16=args.bf16,  # on a CPU fp32, as align's `precision: auto` runs there (bf16 is 2.8x slower there)
     seed=0,
 )
 trainer = SFTTrainer(
@@ -38,4 +39,9 @@ trainer = SFTTrainer(
 )
 result = trainer.train()
 trainer.save_model(args.output_dir)
-print(json.dumps({"train_seconds": result.metrics["train_runtime"], "steps": result.global_step}))
+tokens = max(entry.get("num_tokens", 0) for entry in trainer.state.log_history)
+print(
+    json.dumps(
+        {"train_seconds": result.metrics["train_runtime"], "steps": result.global_step, "tokens": tokens}
+    )
+)
