@@ -138,8 +138,9 @@ def report(summary: dict) -> str:
     lines = [
         f"# SFT batching: tokens/s against TRL's default padded batches ({summary['date']})",
         "",
-        f"{summary['machine']}. align's SFT runner in one process, model `{summary.get('model', 'tiny')}`, full "
-        f"parameters, fp32, {summary['steps']} steps per run, the train loop only; tokens are the real (unpadded) ones. "
+        f"{summary['machine']}. align's SFT runner in one process, model `{summary.get('model', 'tiny')}`, "
+        f"full parameters, fp32, {summary['steps']} steps per run, the train loop only; tokens are the real "
+        "(unpadded) ones. "
         f"Written by `make bench` (bench/batching.py) in {summary['seconds'] / 60:.0f} min.",
         "",
         "| rows | batching | batch × max_length | train loop | tokens | tokens/s | vs padded "
