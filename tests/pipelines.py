@@ -88,7 +88,28 @@ def placement_reports(path: Path, stage_name: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(logs.glob("placement-rank*.json"))]
 
 
-def losses(path: Path, stage_name: str) -> list[float]:
-    """The training loss at every logged step."""
-    lines = (stage_folder(path, stage_name) / "logs" / "metrics.jsonl").read_text().splitlines()
+def logged_losses(stage_dir: Path) -> list[float]:
+    """The training loss at every logged step of the stage written in `stage_dir`."""
+    lines = (stage_dir / "logs" / "metrics.jsonl").read_text().splitlines()
     return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
+
+
+def losses(path: Path, stage_name: str) -> list[float]:
+    """The training loss at every logged step of a stage of the pipeline file."""
+    return logged_losses(stage_folder(path, stage_name))
+
+
+def run_in_process(path: Path, stage_name: str, output_dir: Path, hardware: Any) -> tuple[Any, Any]:
+    """(its plan, its result): a stage of the pipeline file run by align's own runner in this process, no
+    Ray: planned for `hardware`, its inputs resolved as the controller resolves them, seeded."""
+    import dataclasses
+
+    from align.pipeline_file import load
+    from align.plan import build
+    from align.run.controller import resolve_inputs
+    from align.stages import run_seeded
+    from align.stages.context import StageContext
+
+    plan = build(load(path), hardware).stages[stage_name]
+    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
+    return plan, run_seeded(StageContext(plan=plan, output_dir=output_dir))

@@ -4,7 +4,6 @@ Ray; the tokens/s gain is measured by `make bench` (bench/batching.py), not asse
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
@@ -19,9 +18,7 @@ from align.console import format_plan
 from align.hardware import Hardware
 from align.pipeline_file import load
 from align.plan import build
-from align.run.controller import resolve_inputs
-from align.stages import run_seeded
-from align.stages.context import StageContext
+from tests.pipelines import logged_losses, run_in_process
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
 WORDS = "the a cat dog sat ran on under over mat tree house river quickly slowly red blue green".split()
@@ -57,11 +54,8 @@ def pipeline(folder: Path, data: str, **trl) -> Path:
 
 def sft_run(folder: Path, data: str, **trl) -> tuple[str, list[float], dict[str, float]]:
     """(how the plan batched, the logged losses, the recorded metrics) of five SFT steps."""
-    plan = build(load(pipeline(folder, data, **trl)), CPU).stages["sft"]
-    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
-    result = run_seeded(StageContext(plan=plan, output_dir=folder / "out"))
-    lines = (folder / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
-    return plan.batching[0], [e["loss"] for e in map(json.loads, lines) if "loss" in e], result.metrics
+    plan, result = run_in_process(pipeline(folder, data, **trl), "sft", folder / "out", CPU)
+    return plan.batching[0], logged_losses(folder / "out"), result.metrics
 
 
 def varied_rows(folder: Path) -> str:

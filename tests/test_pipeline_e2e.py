@@ -16,6 +16,8 @@ import torch
 from pages import find_chromium, ink, inline_images, view
 from safetensors.torch import load_file
 
+from tests.pipelines import logged_losses
+
 pytestmark = pytest.mark.integration
 
 DEMO = "pipelines/demo_number_or_word.yaml"
@@ -224,12 +226,6 @@ def test_merged_model_loads_in_plain_transformers_and_matches_the_adapter(demo_r
     assert delta <= 1e-4
     generated = merged.generate(input_ids=ids, max_new_tokens=8, do_sample=False)
     assert generated.shape[1] > ids.shape[1]
-
-
-def logged_losses(stage_folder: Path) -> list[float]:
-    lines = (stage_folder / "logs" / "metrics.jsonl").read_text().splitlines()
-    entries = [json.loads(line) for line in lines]
-    return [entry["loss"] for entry in entries if "loss" in entry]
 
 
 def test_a_stage_on_a_warm_worker_trains_as_it_does_on_fresh_ones(demo_run):

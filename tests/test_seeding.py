@@ -3,7 +3,6 @@ each process with a random seed); another seed gives another run. LoRA DPO, in t
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,7 @@ import yaml
 from safetensors.torch import load_file
 
 from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import build
-from align.run.controller import resolve_inputs
-from align.stages import run_seeded
-from align.stages.context import StageContext
+from tests.pipelines import run_in_process
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
 
@@ -46,10 +41,8 @@ def lora_dpo_adapter(folder: Path, seed: int, process_rng: int) -> dict[str, tor
     folder.mkdir()
     path = folder / "seeded.yaml"
     path.write_text(yaml.safe_dump(body))
-    plan = build(load(path), CPU).stages["dpo"]
-    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
     torch.manual_seed(process_rng)
-    run_seeded(StageContext(plan=plan, output_dir=folder / "out"))
+    run_in_process(path, "dpo", folder / "out", CPU)
     return load_file(folder / "out" / "adapter" / "adapter_model.safetensors")
 
 

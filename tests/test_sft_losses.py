@@ -3,8 +3,6 @@ torchtune pins its recipes, so any change to what a stage computes shows up here
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pytest
@@ -12,11 +10,7 @@ import torch
 import yaml
 
 from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import build
-from align.run.controller import resolve_inputs
-from align.stages import run_seeded
-from align.stages.context import StageContext
+from tests.pipelines import logged_losses, run_in_process
 
 PINNED = [7.641739, 7.515624, 7.464664, 7.395248, 7.392408, 7.334731]
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
@@ -46,11 +40,8 @@ def sft_losses(folder: Path) -> list[float]:
     }
     path = folder / "pinned.yaml"
     path.write_text(yaml.safe_dump(body))
-    plan = build(load(path), CPU).stages["sft"]
-    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
-    run_seeded(StageContext(plan=plan, output_dir=folder / "out"))
-    lines = (folder / "out" / "logs" / "metrics.jsonl").read_text().splitlines()
-    return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
+    run_in_process(path, "sft", folder / "out", CPU)
+    return logged_losses(folder / "out")
 
 
 @pytest.mark.integration

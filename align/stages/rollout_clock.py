@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from align.trainers.sampling import synced_clock, train_runtime
+from align.trainers.sampling import synced_clock, time_split
 
 
 class RolloutClock:
@@ -34,10 +34,5 @@ class RolloutClock:
 
     def split(self) -> dict[str, float]:
         """`time_generate_s`, `time_score_s`, `time_update_s` of the last `train()`, as PPO records them."""
-        runtime = train_runtime(self.trainer) or 0.0
         generate, rollout = self.seconds["generate"], self.seconds["rollout"]
-        return {
-            "time_generate_s": generate,
-            "time_score_s": max(rollout - generate, 0.0),
-            "time_update_s": max(runtime - rollout, 0.0),
-        }
+        return time_split(self.trainer, generate, max(rollout - generate, 0.0))

@@ -49,7 +49,7 @@ from align.trainers.ppo_math import (
     ppo_losses,
     token_log_probs,
 )
-from align.trainers.sampling import decode, generate, synced_clock, train_runtime
+from align.trainers.sampling import decode, generate, synced_clock, time_split
 
 # rewards(prompts, completions, columns) -> (weighted score per completion, each reward's values)
 RewardFn = Callable[[list[Any], list[Any], dict[str, list[Any]]], tuple[list[float], dict[str, list[float]]]]
@@ -282,13 +282,7 @@ class PPOTrainer(Trainer):
     def time_split(self) -> dict[str, float]:
         """Seconds of the last `train()` spent generating rollouts, scoring them (rewards, and the policy,
         critic and reference forwards), and updating (the PPO epochs, and the Trainer's own work)."""
-        runtime = train_runtime(self) or 0.0
-        rollout = self.seconds["generate"] + self.seconds["score"]
-        return {
-            "time_generate_s": self.seconds["generate"],
-            "time_score_s": self.seconds["score"],
-            "time_update_s": max(runtime - rollout, 0.0),
-        }
+        return time_split(self, self.seconds["generate"], self.seconds["score"])
 
     # --- the update ---
 

@@ -133,3 +133,14 @@ def train_runtime(trainer: Any) -> float | None:
         entry["train_runtime"] for entry in reversed(trainer.state.log_history) if "train_runtime" in entry
     )
     return next(logged, None)
+
+
+def time_split(trainer: Any, generate: float, score: float) -> dict[str, float]:
+    """How an RL trainer's last `train()` divided, as every RL stage records it: seconds generating,
+    scoring, and updating (the rest of the train loop)."""
+    runtime = train_runtime(trainer) or 0.0
+    return {
+        "time_generate_s": generate,
+        "time_score_s": score,
+        "time_update_s": max(runtime - generate - score, 0.0),
+    }
