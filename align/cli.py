@@ -20,9 +20,9 @@ EXIT_USER_ERROR = 2
 
 def build_plan(args: argparse.Namespace):
     """The validated file's plan: every check `validate` makes, and every backend refusal, before Ray."""
-    from align.hardware import Hardware
-    from align.pipeline_file import load
-    from align.plan import build
+    from align.pipeline.file import load
+    from align.planning.hardware import Hardware
+    from align.planning.plan import build
 
     pipeline = load(args.file, getattr(args, "set", None) or [])
     memory = getattr(args, "device_memory", None) or pipeline.defaults.device_memory
@@ -39,14 +39,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from align.console import format_plan
+    from align.report.console import format_plan
 
     print(format_plan(build_plan(args)))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from align.console import ProgressLine, format_outcomes
+    from align.report.console import ProgressLine, format_outcomes
     from align.run.controller import run_plan
 
     plan = build_plan(args)
@@ -103,7 +103,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """A pipeline file or run folder: the local run's stages; anything else is a submitted job's id."""
     target = Path(args.target)
     if target.exists():
-        from align.status import status_lines
+        from align.report.status import status_lines
 
         print("\n".join(status_lines(target)))
         return 0
@@ -123,8 +123,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from align.report import load_run
-    from align.report_pages import write_report
+    from align.report.pages import write_report
+    from align.report.run_folder import load_run
 
     target = Path(args.target)
     if not target.exists():
@@ -137,8 +137,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
-    from align.models import resolve_model
-    from align.tiny import build_tiny_model
+    from align.models.loading import resolve_model
+    from align.models.tiny import build_tiny_model
 
     if args.out:
         build_tiny_model(Path(args.out), seed=args.seed)
@@ -146,6 +146,11 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     else:
         print(resolve_model("tiny"))
     return 0
+
+
+def stage_names(sub: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    """A repeatable option that names a stage."""
+    sub.add_argument(flag, action="append", default=[], metavar="NAME", help=help_text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -179,29 +184,15 @@ def parser() -> argparse.ArgumentParser:
                 "--device-memory", help="memory per device for the plan, e.g. 80GB (default: detected)"
             )
         if name != "plan":
-            sub.add_argument(
-                "--stage",
-                action="append",
-                default=[],
-                metavar="NAME",
-                help="run this stage (and what it needs) only; repeatable",
-            )
-            sub.add_argument(
-                "--force",
-                action="append",
-                default=[],
-                metavar="NAME",
-                help="rerun this stage and everything downstream of it; repeatable",
-            )
+            stage_names(sub, "--stage", "run this stage (and what it needs) only; repeatable")
+            stage_names(sub, "--force", "rerun this stage and everything downstream of it; repeatable")
         if name == "run":
             sub.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else local)")
-            sub.add_argument(
+            stage_names(
+                sub,
                 "--restart",
-                action="append",
-                default=[],
-                metavar="NAME",
-                help="run this stage again from step 0, discarding its checkpoints (and rerun what "
-                "depends on it); without it an interrupted stage resumes",
+                "run this stage again from step 0, discarding its checkpoints (and rerun what depends on "
+                "it); without it an interrupted stage resumes",
             )
             sub.add_argument(
                 "-v",

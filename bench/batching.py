@@ -57,9 +57,9 @@ def throughput(
 ) -> dict:
     """One SFT run's train loop (align's runner, full parameters): seconds, tokens trained, tokens/s, first
     and last loss."""
-    from align.hardware import Hardware
-    from align.pipeline_file import load
-    from align.plan import build
+    from align.pipeline.file import load
+    from align.planning.hardware import Hardware
+    from align.planning.plan import build
     from align.run.controller import resolve_inputs
     from align.stages import run_seeded
     from align.stages.context import StageContext
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--model", default="tiny", help="a builtin model; smollm2-135m is a real 135M Llama")
     args = parser.parse_args()
-    from align.corpora import builtin_path
+    from align.data.corpora import builtin_path
 
     work = Path(tempfile.mkdtemp(prefix="align-bench-batching-"))
     sets = {

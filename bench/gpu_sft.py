@@ -56,8 +56,8 @@ def main() -> int:
     if not gpu and args.steps > 2:
         print("bench-gpu needs a CUDA GPU; none here (`--steps 2` runs a CPU check of the script)")
         return 2
-    from align.corpora import builtin_path
-    from align.models import resolve_model
+    from align.data.corpora import builtin_path
+    from align.models.loading import resolve_model
 
     model_dir = str(resolve_model(MODEL))
     work = Path(tempfile.mkdtemp(prefix="align-bench-gpu-"))

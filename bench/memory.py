@@ -2,7 +2,7 @@
 
 One full-parameter SFT stage per backend (ddp, zero2, zero2 with optimizer offload, fsdp) on 2 ranks
 trains a ~60M-parameter random Llama for a few steps, big enough that model states dwarf the runtime.
-The stages come from an ordinary align pipeline file, planned by `align.plan.build` and run by
+The stages come from an ordinary align pipeline file, planned by `align.planning.plan.build` and run by
 align's own stage runner and backend modules on Ray Train workers, exactly as `align run` runs
 them, plus one callback (`probe.py`) that counts what each rank holds. The CLI itself cannot take
 that callback, hence this driver. Results: `bench/results/memory-{cpu,gpu}.{md,json}`.
@@ -54,7 +54,7 @@ def build_bench_model(out_dir: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from align.tiny import train_tokenizer
+    from align.models.tiny import train_tokenizer
 
     tokenizer = train_tokenizer()
     config = LlamaConfig(
@@ -277,9 +277,9 @@ def main() -> int:
     started = time.time()
     import torch
 
-    from align.hardware import Hardware
-    from align.pipeline_file import load
-    from align.plan import build
+    from align.pipeline.file import load
+    from align.planning.hardware import Hardware
+    from align.planning.plan import build
 
     gpu = torch.cuda.is_available()
     if gpu and torch.cuda.device_count() < WORKERS:

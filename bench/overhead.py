@@ -124,8 +124,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs of each side per size")
     parser.add_argument("--loop-seconds", type=float, default=60.0, help="the large size's train loop")
     args = parser.parse_args()
-    from align.corpora import builtin_path
-    from align.models import resolve_model
+    from align.data.corpora import builtin_path
+    from align.models.loading import resolve_model
 
     model, data = resolve_model("tiny"), str(builtin_path("align:chatterbot/sft/train"))
     started = time.time()

@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
-from align.corpora import builtin_path
-from align.models import resolve_model
+from align.data.corpora import builtin_path
+from align.models.loading import resolve_model
 
 HELD_OUT = "align:toy/number-or-word/test"
 SHOWN = 6

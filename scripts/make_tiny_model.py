@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from align.tiny import build_tiny_model
+from align.models.tiny import build_tiny_model
 
 
 def main() -> None:

@@ -104,8 +104,8 @@ def run_in_process(path: Path, stage_name: str, output_dir: Path, hardware: Any)
     Ray: planned for `hardware`, its inputs resolved as the controller resolves them, seeded."""
     import dataclasses
 
-    from align.pipeline_file import load
-    from align.plan import build
+    from align.pipeline.file import load
+    from align.planning.plan import build
     from align.run.controller import resolve_inputs
     from align.stages import run_seeded
     from align.stages.context import StageContext

@@ -13,11 +13,11 @@ import torch
 import yaml
 from datasets import Dataset
 
-from align.batching import PACKED, PADDED, PADDING_FREE, sft_batching, truncated
-from align.console import format_plan
-from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import build
+from align.data.batching import PACKED, PADDED, PADDING_FREE, sft_batching, truncated
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import build
+from align.report.console import format_plan
 from tests.pipelines import logged_losses, run_in_process
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)

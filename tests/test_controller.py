@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from align.errors import AlignError, StageFailed
-from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import ModelInput, build
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import ModelInput, build
 from align.run import records
 from align.run.controller import run_plan
 

@@ -12,9 +12,9 @@ from datasets import Dataset, DatasetDict
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from align.corpora import BUILTIN_DATA, build_chatterbot  # noqa: E402
-from align.data import load_data, resolve_data  # noqa: E402
-from align.data_scan import check_data  # noqa: E402
+from align.data.corpora import BUILTIN_DATA, build_chatterbot  # noqa: E402
+from align.data.loading import load_data, resolve_data  # noqa: E402
+from align.data.scan import check_data  # noqa: E402
 from align.errors import DataError  # noqa: E402
 
 PREFS = [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from align.corpora import builtin_path
+from align.data.corpora import builtin_path
 from tests.pipelines import QUIET_TRL, run, stage_record, write_pipeline
 
 pytestmark = pytest.mark.integration

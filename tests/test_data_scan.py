@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from align import data_rows, data_scan
 from align.cli import main
-from align.data_scan import check_data
+from align.data import rows as data_rows
+from align.data import scan as data_scan
+from align.data.scan import check_data
 from align.errors import ConfigError
-from align.pipeline_file import load
+from align.pipeline.file import load
 
 USER, BOT = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}
 BAD_BOT = {"role": "assistant", "content": "Go away."}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from align.evaluation import completion_logprob, preference_scores, training_text
-from align.models import load_causal_lm, load_tokenizer, resolve_model
+from align.measures.heldout import completion_logprob, preference_scores, training_text
+from align.models.loading import load_causal_lm, load_tokenizer, resolve_model
 from align.stages.context import explicit_prompt
 
 
@@ -68,7 +68,7 @@ def test_implicit_prompt_pairs_are_split_as_trl_splits_them_and_score_like_expli
 @torch.no_grad()
 def test_batched_scoring_equals_scoring_one_row_at_a_time() -> None:
     """Rows of different lengths share a right-padded forward; the padding changes no row's score."""
-    from align.evaluation import completion_logprobs
+    from align.measures.heldout import completion_logprobs
 
     folder = resolve_model("tiny")
     tokenizer, model = load_tokenizer(folder), load_causal_lm(folder).eval()

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from align.models import resolve_model
+from align.models.loading import resolve_model
 from tests.pipelines import run, stage, stage_folder, stage_record, write_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]  # make test-faults

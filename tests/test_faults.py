@@ -20,8 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from align.checkpoints import COMPLETE, latest_complete
-from align.corpora import builtin_path
+from align.data.corpora import builtin_path
+from align.stages.checkpoints import COMPLETE, latest_complete
 from tests.mounts import tmpfs
 from tests.pipelines import QUIET_TRL, losses, stage_record
 

@@ -16,11 +16,11 @@ import torch
 import yaml
 
 from align.backends import BACKENDS, fsdp_shards
+from align.config.spec import FSDPSpec
 from align.errors import ConfigError
-from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import build
-from align.spec import FSDPSpec
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import build
 from tests.pipelines import (
     PREF_DATA,
     placement_reports,
@@ -187,7 +187,7 @@ def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
     """
     import torch.distributed as dist
 
-    from align.models import load_causal_lm, resolve_model
+    from align.models.loading import load_causal_lm, resolve_model
 
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
@@ -210,7 +210,7 @@ def prepare_on_rank(rank: int, port: int, plans: dict, out: str) -> None:
 
 @pytest.mark.integration
 def test_prepare_applies_reshard_prefetch_precision_and_checkpointing(tmp_path):
-    from align.models import resolve_model
+    from align.models.loading import resolve_model
 
     resolve_model("tiny")  # build the builtin once, before two ranks race for it
     on = {
@@ -277,7 +277,7 @@ def test_sft_shards_every_rank_and_loss_falls(run_a):
 def test_saved_model_is_whole_and_loads_in_plain_transformers(run_a):
     from transformers import AutoModelForCausalLM
 
-    from align.models import resolve_model
+    from align.models.loading import resolve_model
 
     saved = stage_folder(run_a, "a") / "model"
     assert (saved / "model.safetensors").is_file()

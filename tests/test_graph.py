@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from align.config.spec import DPOStage, MergeStage, SFTStage
 from align.errors import Problem
-from align.graph import downstream, order, references, upstream
-from align.spec import DPOStage, MergeStage, SFTStage
+from align.pipeline.graph import downstream, order, references, upstream
 
 
 def sft(model: str | None = None, train: str = "x.jsonl") -> SFTStage:

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from align.errors import ConfigError
-from align.pipeline_file import load
+from align.pipeline.file import load
 from tests.pipelines import losses, run, stage, stage_folder, stage_record, write_pipeline
 
 integration = pytest.mark.integration  # per test: the validate test at the end is a fast unit test
@@ -69,8 +69,8 @@ def test_saved_adapter_loads_with_plain_peft_and_scores_as_recorded(kto_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from align.data import load_data
-    from align.evaluation import preference_scores
+    from align.data.loading import load_data
+    from align.measures.heldout import preference_scores
 
     folder = stage_folder(kto_run, "kto")
     record = stage_record(kto_run, "kto")

@@ -1,5 +1,6 @@
-"""The shape of the package: no import cycles, stages never reach into the driver, only `run/` uses Ray,
-and validating or planning a pipeline imports neither torch nor TRL (that is what keeps them fast)."""
+"""The shape of the package: which package may import which (one table, README's Layout draws it), no import
+cycles, only `run/` uses Ray, and validating or planning a pipeline imports neither torch nor TRL (that is
+what keeps them fast)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,32 @@ def imports(name: str) -> set[str]:
 
 GRAPH = {name: imports(name) for name in MODULES}
 
+# The flow, lowest first: what each package (or top-level module) of align may import besides itself.
+BASE = {"errors", "cache", "fingerprint"}
+MAY_IMPORT: dict[str, set[str]] = {
+    "errors": set(),
+    "cache": set(),
+    "fingerprint": set(),
+    "rewards": {"errors"},
+    "measures": set(),
+    "trainers": set(),
+    "models": BASE,
+    "data": BASE,
+    "config": BASE | {"models", "rewards"},
+    "backends": BASE | {"config", "models"},
+    "pipeline": BASE | {"config", "backends", "data", "models", "rewards"},
+    "planning": BASE | {"config", "backends", "pipeline", "data", "models"},
+    "stages": BASE
+    | {"config", "backends", "pipeline", "planning", "data", "models", "measures", "rewards", "trainers"},
+    "run": BASE | {"config", "pipeline", "planning", "data", "models", "stages"},
+    "report": BASE | {"config", "pipeline", "planning", "data", "models", "stages", "run"},
+    "cli": BASE | {"config", "pipeline", "planning", "data", "models", "run", "report"},
+}
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1] if module != "align" else "align"
+
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as a path that ends where it starts, or None."""
@@ -68,6 +95,32 @@ def test_the_cycle_finder_finds_a_cycle_and_passes_a_tree() -> None:
 def test_align_has_no_import_cycles() -> None:
     cycle = find_cycle(GRAPH)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_package_and_top_level_module_is_in_the_table() -> None:
+    found = {package_of(name) for name in MODULES} - {"align", "__init__"}
+    assert found == set(MAY_IMPORT), f"add to MAY_IMPORT: {sorted(found - set(MAY_IMPORT))}"
+
+
+def test_every_import_goes_down_the_table() -> None:
+    """Each import between packages is one the table allows, so the flow only runs one way."""
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        for target in targets
+        if package_of(name) != package_of(target)
+        and package_of(target) not in MAY_IMPORT.get(package_of(name), set())
+        and package_of(name) != "align"
+    )
+    assert wrong == []
+
+
+def test_the_table_has_no_circle() -> None:
+    assert find_cycle({name: allowed for name, allowed in MAY_IMPORT.items()}) is None
+
+
+def test_align_keeps_few_top_level_modules() -> None:
+    assert len(list(PACKAGE.glob("*.py"))) <= 6, sorted(path.name for path in PACKAGE.glob("*.py"))
 
 
 def test_stages_never_import_the_driver() -> None:

@@ -7,8 +7,8 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-from align.architectures import PRESETS, architecture_for, architecture_from_config
-from align.memory import (
+from align.models.architectures import PRESETS, architecture_for, architecture_from_config
+from align.models.memory import (
     FrozenModel,
     StateBytes,
     Workload,

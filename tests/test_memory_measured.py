@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from align.architectures import PRESETS, architecture_from_config
-from align.measure import measured_model_state_bytes
-from align.memory import NF4_BYTES_PER_WEIGHT, StateBytes, Workload, estimate
+from align.measures.model_states import measured_model_state_bytes
+from align.models.architectures import PRESETS, architecture_from_config
+from align.models.memory import NF4_BYTES_PER_WEIGHT, StateBytes, Workload, estimate
 from tests.test_memory import tiny_config
 
 
@@ -20,7 +20,7 @@ def test_a_qlora_base_prepared_for_kbit_training_holds_its_unpacked_weights_in_f
     pytest.importorskip("bitsandbytes")
     from peft import prepare_model_for_kbit_training
 
-    from align.models import load_causal_lm
+    from align.models.loading import load_causal_lm
 
     config = tiny_config(tie_word_embeddings=False)
     LlamaForCausalLM(config).save_pretrained(tmp_path)

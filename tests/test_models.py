@@ -16,10 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
-from align import models  # noqa: E402
 from align.errors import ModelError  # noqa: E402
-from align.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from align.tiny import build_tiny_model  # noqa: E402
+from align.models import loading as models  # noqa: E402
+from align.models.loading import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from align.models.tiny import build_tiny_model  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

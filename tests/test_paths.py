@@ -14,7 +14,7 @@ import yaml
 
 from align.cache import user_path
 from align.cli import main
-from align.pipeline_file import load, resolve_paths
+from align.pipeline.file import load, resolve_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"prompt": "What is 2 + 2?"}

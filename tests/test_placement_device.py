@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from align.hardware import Hardware
-from align.models import load_causal_lm, resolve_model
-from align.pipeline_file import parse
-from align.plan import build
+from align.models.loading import load_causal_lm, resolve_model
+from align.pipeline.file import parse
+from align.planning.hardware import Hardware
+from align.planning.plan import build
 from align.stages.context import StageContext, on_training_device
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)

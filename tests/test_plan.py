@@ -3,13 +3,14 @@
 import pytest
 import trl
 
-from align.architectures import PRESETS
 from align.cli import main
-from align.hardware import Hardware
-from align.memory import Workload, describe_workload, format_bytes, parse_memory
-from align.models import resolve_model
-from align.pipeline_file import load
-from align.placement import (
+from align.config.spec import SFTStage
+from align.models.architectures import PRESETS
+from align.models.loading import resolve_model
+from align.models.memory import Workload, describe_workload, format_bytes, parse_memory
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.placement import (
     REFERENCE_ADAPTERS_DISABLED,
     REFERENCE_COPY,
     REFERENCE_NONE,
@@ -18,8 +19,7 @@ from align.placement import (
     VALUE_ADAPTER,
     VALUE_HEAD,
 )
-from align.plan import build, choose_backend
-from align.spec import SFTStage
+from align.planning.plan import build, choose_backend
 
 GB = 10**9
 
@@ -47,7 +47,7 @@ def test_13b_shows_the_textbook_total_as_mixed_precision_holds_it(capsys):
     fsdp = stage.memory_by_backend["fsdp"].device.model_states
     psi = 13_015_864_320
     # DeepSpeed's own estimate, not the paper's 2Ψ + 14Ψ/N: at the step it holds the fp32 copy of the
-    # gradient partition (4Ψ/N) beside the 16-bit one; `make bench` measured it (align/memory.py).
+    # gradient partition (4Ψ/N) beside the 16-bit one; `make bench` measured it (align/models/memory.py).
     assert zero2 == pytest.approx(2 * psi + 18 * psi / 8, rel=1e-6)
     assert fsdp == pytest.approx(16 * psi / 8, rel=1e-6)
     assert stage.memory_by_backend["zero2"].device.master == pytest.approx(4 * psi / 8, rel=1e-6)
@@ -268,7 +268,7 @@ def test_a_builtin_not_built_at_plan_time_is_priced_at_launch_under_the_planned_
 ):
     """A fresh machine plans the demo before its tiny model exists: no memory plan then. By launch the
     model is built, and the record gets the bytes a plan made now would show, for the backend chosen then."""
-    from align.plan import priced_at_launch
+    from align.planning.plan import priced_at_launch
     from align.run.disk import disk_need
 
     monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from align.models import load_causal_lm, load_tokenizer, resolve_model
+from align.models.loading import load_causal_lm, load_tokenizer, resolve_model
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RolloutSampler
 from align.trainers.ppo_checkpoint import load_state

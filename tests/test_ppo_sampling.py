@@ -18,7 +18,7 @@ def test_sampling_ignores_the_checkpoint_generation_config(tmp_path) -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from align.models import resolve_model
+    from align.models.loading import resolve_model
     from align.trainers.sampling import generate
 
     plain = resolve_model("tiny")

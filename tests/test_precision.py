@@ -19,13 +19,13 @@ import yaml
 from safetensors import safe_open
 
 from align.cli import main
-from align.data import load_data
+from align.data.loading import load_data
 from align.errors import ConfigError
-from align.hardware import Hardware
-from align.models import load_causal_lm, load_tokenizer, resolve_model
-from align.pipeline_file import load
-from align.plan import ModelInput, StageInputs, StagePlan, build
-from align.precision import PURE_RISK
+from align.models.loading import load_causal_lm, load_tokenizer, resolve_model
+from align.models.precision import PURE_RISK
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import ModelInput, StageInputs, StagePlan, build
 from align.run.controller import resolve_inputs
 from align.stages import runner_for
 from align.stages.context import StageContext

@@ -11,9 +11,9 @@ import pytest
 from pages import ink, inline_images
 
 from align.cli import main
-from align.plots import dag_plot, panels, series, stage_plot
-from align.report import load_run
-from align.report_pages import write_report
+from align.report.pages import write_report
+from align.report.plots import dag_plot, panels, series, stage_plot
+from align.report.run_folder import load_run
 from pipelines import stage, write_pipeline
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from align.cli import main
-from align.corpora import build_toy
+from align.data.corpora import build_toy
 from align.rewards import RewardError, exact_answer, format_match, guarded_function, length_target
 from tests.pipelines import QUIET_TRL, run, stage_record
 
@@ -167,7 +167,7 @@ def test_shipped_rewards_on_standard_and_conversational_completions() -> None:
 def test_a_model_without_a_one_label_head_is_refused_as_reward_model(tmp_path) -> None:
     from transformers import LlamaConfig
 
-    from align.models import resolve_model
+    from align.models.loading import resolve_model
     from align.stages.rl import reward_model_problem
 
     causal = resolve_model("tiny")

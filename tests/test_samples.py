@@ -25,7 +25,7 @@ def test_a_conversation_is_prompted_with_the_turns_before_its_last_reply_and_a_t
 
 @pytest.mark.integration
 def test_batched_greedy_completions_equal_each_prompt_alone_and_leave_the_mode_alone() -> None:
-    from align.models import load_causal_lm, load_tokenizer, resolve_model
+    from align.models.loading import load_causal_lm, load_tokenizer, resolve_model
 
     tiny = resolve_model("tiny")
     model, tokenizer = load_causal_lm(tiny).train(), load_tokenizer(tiny)

@@ -10,7 +10,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from align.hardware import Hardware
+from align.planning.hardware import Hardware
 from tests.pipelines import run_in_process
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from align.hardware import Hardware
+from align.planning.hardware import Hardware
 from tests.pipelines import logged_losses, run_in_process
 
 PINNED = [7.641739, 7.515624, 7.464664, 7.395248, 7.392408, 7.334731]

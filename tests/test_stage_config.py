@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import build
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import build
 from align.run.controller import resolve_inputs
 from align.stages.context import StageContext, stage_config
 from pipelines import stage, write_pipeline

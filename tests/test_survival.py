@@ -18,15 +18,15 @@ import psutil
 import pytest
 import yaml
 
-from align.checkpoints import COMPLETE, latest_complete
 from align.errors import AlignError, Interrupted, StageFailed
-from align.hardware import Hardware
-from align.pipeline_file import load
-from align.plan import build
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import build
 from align.run import records
 from align.run.controller import run_plan
 from align.run.launch import LostWorkers
 from align.run.lock import LOCK, run_lock
+from align.stages.checkpoints import COMPLETE, latest_complete
 from tests.mounts import tmpfs
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
@@ -231,10 +231,10 @@ def test_only_secrets_leave_a_trl_config_and_the_hub_token_moves_to_the_environm
     settings (`pad_token`, `eos_token`, PPO's `stop_token`) are not secrets and stay as set."""
     import dataclasses
 
-    from align.secrets import is_secret_name
-    from align.spec import KINDS
+    from align.config.secrets import is_secret_name
+    from align.config.spec import KINDS
+    from align.pipeline.trl_args import config_class
     from align.stages.context import without_secrets
-    from align.trl_args import config_class
 
     kinds = [name for name, kind in KINDS.items() if kind.config]
     names = {field.name for kind in kinds for field in dataclasses.fields(config_class(kind))}

@@ -248,7 +248,7 @@ def test_set_values_are_parsed_as_yaml(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_a_list_field_takes_one_value_as_trl_does(capsys: pytest.CaptureFixture[str]) -> None:
     """DPOConfig.loss_type is a list; TRL itself accepts `loss_type: ipo` and lists it."""
-    from align.trl_args import coerce
+    from align.pipeline.trl_args import coerce
 
     code, _, err = validate(capsys, DEMO, "stages.dpo.trl.loss_type=ipo")
     assert code == 0, err
@@ -282,7 +282,8 @@ def test_missing_pipeline_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 # Inputs that, when this test was written, escaped as exceptions instead of exit 2 (reported to the owners
-# of align/spec.py, align/models.py and align/data.py). Not strict, so a fix shows up as XPASS, not a failure.
+# of align/config/spec.py, align/models/loading.py and align/data/loading.py). Not strict, so a fix
+# shows up as XPASS, not a failure.
 
 BASE = "name: odd\nbase_model: tiny\nstages:\n"
 GOOD_SFT = "  sft:\n    kind: sft\n    data: {train: align:chatterbot/sft/train}\n"

@@ -14,10 +14,10 @@ import torch
 from align.backends import BACKENDS, zero2
 from align.backends.sharding_report import ShardingReport
 from align.backends.zero2_check import ZeroOptimizerCheck
+from align.config.spec import KINDS, Pipeline
 from align.errors import ConfigError
-from align.hardware import Hardware
-from align.plan import StagePlan, build
-from align.spec import KINDS, Pipeline
+from align.planning.hardware import Hardware
+from align.planning.plan import StagePlan, build
 from tests.pipelines import PREF_DATA, placement_reports, run, stage, stage_record, write_pipeline
 
 PRESETS = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"

@@ -1,6 +1,7 @@
-"""The registry of distributed backends: name -> a `Backend` (align/backends/base.py).
+"""The registry of distributed backends: name -> a `Backend` (align/backends/base.py). Imports config and
+models only; the plan and the stages import it.
 
-Adding one is its module, a line here, and its arithmetic in align/memory.py. Importing this is cheap:
+Adding one is its module, a line here, and its arithmetic in align/models/memory.py. Importing this is cheap:
 each backend imports torch, DeepSpeed or transformers only inside the methods that run in a worker.
 """
 

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from align.errors import Problem
-from align.memory import MemoryEstimate, Workload
+from align.models.memory import MemoryEstimate, Workload
 
 if TYPE_CHECKING:
-    from align.architectures import Architecture
-    from align.spec import StageBase
+    from align.config.spec import StageBase
+    from align.models.architectures import Architecture
 
 
 class PlannedStage(Protocol):
-    """What a backend reads of a stage's plan (`align.plan.StagePlan` has these fields). Named here so that
-    backends need not import the plan, which imports them."""
+    """What a backend reads of a stage's plan (`align.planning.plan.StagePlan` has these fields). Named
+    here so that backends need not import the plan, which imports them."""
 
     name: str
     stage: StageBase

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from align.errors import Problem
-from align.memory import Workload, estimate
+from align.models.memory import Workload, estimate
 
 if TYPE_CHECKING:
-    from align.architectures import Architecture
     from align.backends.base import PlannedStage
-    from align.spec import StageBase
+    from align.config.spec import StageBase
+    from align.models.architectures import Architecture
 
 
 class DDP:

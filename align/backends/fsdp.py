@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from align.errors import Problem
-from align.memory import Workload, estimate
-from align.precision import compute_dtype as precision_compute_dtype
+from align.models.memory import Workload, estimate
+from align.models.precision import compute_dtype as precision_compute_dtype
 
 if TYPE_CHECKING:
-    from align.architectures import Architecture
     from align.backends.base import PlannedStage
-    from align.spec import StageBase
+    from align.config.spec import StageBase
+    from align.models.architectures import Architecture
 
 DCP_FOLDER = "fsdp_state"
 """The DCP folder inside each HF checkpoint. Never `optimizer*`: the Trainer takes such a folder for its

@@ -124,21 +124,30 @@ def verify(model: Any, plan: PlannedStage) -> None:
     whole tensors alive.
     """
     local, total, dtensors = held_elements(model)
-    expected = total / plan.workers
-    if abs(local - expected) > SHARD_TOLERANCE * expected:
-        raise RuntimeError(
-            f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
-            f"{expected:,.0f} of the {total:,} parameter elements, but this rank holds {local:,} "
-            f"({dtensors} DTensor parameters): the model is not sharded"
-        )
     storage, total_bytes = held_storage_bytes(model)
-    expected = total_bytes / plan.workers
-    if abs(storage - expected) > SHARD_TOLERANCE * expected:
-        raise RuntimeError(
-            f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
-            f"{expected:,.0f} bytes of parameter storage ({total_bytes:,} in all), but the storages behind "
-            f"this rank's shards hold {storage:,}: the shards are views of larger tensors that stay alive"
-        )
+    checks = (
+        (
+            local,
+            total,
+            f"{total:,} parameter elements",
+            f"{dtensors} DTensor parameters",
+            "the model is not sharded",
+        ),
+        (
+            storage,
+            total_bytes,
+            f"bytes of parameter storage ({total_bytes:,} in all)",
+            "in the storages behind its shards",
+            "the shards are views of larger tensors that stay alive",
+        ),
+    )
+    for held, whole, what, where, verdict in checks:
+        expected = whole / plan.workers
+        if abs(held - expected) > SHARD_TOLERANCE * expected:
+            raise RuntimeError(
+                f"stage '{plan.name}': backend fsdp expected each of {plan.workers} ranks to hold about "
+                f"{expected:,.0f} of the {what}, but this rank holds {held:,} ({where}): {verdict}"
+            )
 
 
 def training_state(model: torch.nn.Module, optimizer: Any, scheduler: Any) -> dict[str, Any]:

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from align.backends.ddp import DDP
 from align.errors import ConfigError, Problem
-from align.memory import Workload, estimate
-from align.precision import MIXED, PURE
+from align.models.memory import Workload, estimate
+from align.models.precision import MIXED, PURE
 
 if TYPE_CHECKING:
-    from align.architectures import Architecture
     from align.backends.base import PlannedStage
-    from align.spec import StageBase
+    from align.config.spec import StageBase
+    from align.models.architectures import Architecture
 
 AUTO_BATCH = {
     "train_micro_batch_size_per_gpu": "auto",

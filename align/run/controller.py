@@ -15,20 +15,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from align.checkpoints import latest_complete, remove_torn
-from align.data import NO_EVAL
+from align.config.secrets import redact
+from align.data.loading import NO_EVAL
 from align.errors import AlignError, Interrupted, StageFailed
 from align.fingerprint import digest
-from align.graph import downstream, reference_target, upstream
-from align.models import resolve_model
-from align.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
+from align.models.loading import resolve_model
+from align.pipeline.graph import downstream, reference_target, upstream
+from align.planning.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
 from align.run import records
 from align.run.disk import check_space, probe_writable
 from align.run.launch import LostWorkers, connect, disconnect, ray_launch, worker_env
 from align.run.lock import RunLock, run_lock
 from align.run.worker import RESULT
 from align.run.workers import GroupShape, WarmWorkers
-from align.secrets import redact
+from align.stages.checkpoints import latest_complete, remove_torn
 
 Event = Callable[[str], None]
 
@@ -74,7 +74,7 @@ def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
 
 def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
-    from align.data import data_identity
+    from align.data.loading import data_identity
 
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)

@@ -8,10 +8,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from align.checkpoints import KEEP
 from align.errors import AlignError
-from align.memory import format_bytes
-from align.plan import StagePlan
+from align.models.memory import format_bytes
+from align.planning.plan import StagePlan
+from align.stages.checkpoints import KEEP
 
 ADAM_BYTES = 12  # per trainable parameter in a checkpoint: fp32 exp_avg, exp_avg_sq and master copy
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from align.errors import AlignError, StageFailed
-from align.plan import StagePlan
+from align.planning.plan import StagePlan
 from align.run.worker import ERROR, PROGRESS_FILE, RESULT
 
 if TYPE_CHECKING:

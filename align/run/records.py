@@ -19,8 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from align.checkpoints import latest_complete
 from align.fingerprint import file_digest
+from align.stages.checkpoints import latest_complete
 
 RECORD = "align-stage.json"
 PACKAGES = (

@@ -1,5 +1,5 @@
-"""Stage runners, one module per kind, each with `run(StageContext) -> StageResult`; the kinds table
-(align/spec.py) names each kind's runner."""
+"""Stage runners, one module per kind, each with `run(StageContext) -> StageResult` (the kinds table in
+align/config/spec.py names each runner). Imports planning, backends, trainers and below; never run/."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from align.spec import KINDS
+from align.config.spec import KINDS
 
 if TYPE_CHECKING:
     from align.stages.context import StageContext, StageResult

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from align.checkpoints import COMPLETE
+from align.stages.checkpoints import COMPLETE
 
 
 def agree(flag: bool, device: torch.device) -> bool:

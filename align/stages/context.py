@@ -13,17 +13,17 @@ from typing import Any
 import torch
 
 from align.backends import BACKENDS, Backend
-from align.checkpoints import CHECKPOINTS, KEEP
-from align.data import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
-from align.models import load_causal_lm, load_tokenizer
-from align.placement import REFERENCE_COPY
-from align.plan import ModelInput, StagePlan
-from align.precision import compute_dtype
-from align.secrets import is_secret_name
-from align.spec import LoraSpec
+from align.config.secrets import is_secret_name
+from align.config.spec import LoraSpec
+from align.data.loading import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
+from align.models.loading import load_causal_lm, load_tokenizer
+from align.models.precision import compute_dtype
+from align.pipeline.trl_args import build_config
+from align.planning.placement import REFERENCE_COPY
+from align.planning.plan import ModelInput, StagePlan
 from align.stages.checkpointing import checkpoint_callbacks
+from align.stages.checkpoints import CHECKPOINTS, KEEP
 from align.stages.progress import ProgressFile
-from align.trl_args import build_config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

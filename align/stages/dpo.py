@@ -8,19 +8,10 @@ that the copy does not fit, log-probs precomputed from the policy before it trai
 
 from __future__ import annotations
 
-from align.evaluation import preference_scores
-from align.placement import REFERENCE_PRECOMPUTED
-from align.stages.context import (
-    StageContext,
-    StageResult,
-    frozen_reference,
-    load_stage_model,
-    peft_config,
-    stage_config,
-    stage_data,
-    stage_tokenizer,
-)
-from align.stages.samples import sample_prompts
+from align.measures.heldout import preference_scores
+from align.planning.placement import REFERENCE_PRECOMPUTED
+from align.stages.context import StageContext, StageResult, frozen_reference
+from align.stages.preamble import preamble
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
@@ -28,27 +19,13 @@ def run(ctx: StageContext) -> StageResult:
     """Score held-out pairs, train, score them again, and save the adapter or model."""
     from trl import DPOTrainer
 
-    lora = ctx.plan.stage.lora
-    train, evaluation = stage_data(ctx)
     precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    # TRL's own DPO metrics on the held-out pairs before training come from its start-of-training
-    # evaluation, inside train(), where every backend can evaluate (ZeRO-1/2 cannot before train())
-    overrides = {
-        "eval_on_start": evaluation is not None,
-        **({"precompute_ref_log_probs": True} if precompute else {}),
-    }
-    config = stage_config(ctx, overrides)
-    tokenizer = stage_tokenizer(ctx, padding_side="left")
-    trainer = DPOTrainer(
-        model=load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
-        ref_model=frozen_reference(ctx),  # None: TRL disables the adapters, or precomputes
-        args=config,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        processing_class=tokenizer,
-        callbacks=ctx.callbacks(),
-        peft_config=peft_config(lora),
-    )
+    # TRL's own DPO metrics on the held-out pairs before training come from its start-of-training evaluation
+    overrides = {"precompute_ref_log_probs": True} if precompute else None
+    start = preamble(ctx, overrides, padding_side="left", eval_on_start=True)
+    config, tokenizer, evaluation = start.config, start.tokenizer, start.evaluation
+    # ref_model None: TRL disables the adapters, or precomputes
+    trainer = DPOTrainer(ref_model=frozen_reference(ctx), **start.trainer_kwargs())
 
     def scores(phase: str) -> dict[str, float]:
         """Two judgements of the held-out pairs: the policy's own log-probs (`preference_*`), and DPO's
@@ -67,10 +44,11 @@ def run(ctx: StageContext) -> StageResult:
             **suffixed(against_reference(logged[-1]), "after"),
         }
 
-    output = "adapter" if lora else "model"
     measure = scores if evaluation is not None else no_measure
-    prompts = sample_prompts(evaluation if evaluation is not None else train)
-    return train_stage(ctx, Training(trainer, tokenizer, output, held_out=measure, sample_prompts=prompts))
+    training = Training(
+        trainer, tokenizer, start.output, held_out=measure, sample_prompts=start.sample_prompts()
+    )
+    return train_stage(ctx, training)
 
 
 def against_reference(logged: dict[str, float]) -> dict[str, float]:

@@ -7,20 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from align.plan import ModelInput
-from align.stages.context import (
-    StageContext,
-    StageResult,
-    load_stage_model,
-    merged_input,
-    peft_config,
-    stage_config,
-    stage_data,
-    stage_tokenizer,
-)
+from align.planning.plan import ModelInput
+from align.stages.context import StageContext, StageResult, merged_input
+from align.stages.preamble import preamble
 from align.stages.rl import held_out_rewards, stage_rewards
 from align.stages.rollout_clock import RolloutClock
-from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
@@ -42,23 +33,17 @@ def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with the stage's rewards, measure again, and save the policy."""
     import trl
 
-    lora = ctx.plan.stage.lora
-    train, evaluation = stage_data(ctx)
     rewards = stage_rewards(ctx)
-    config = stage_config(ctx, {"reward_weights": rewards.weights})
-    tokenizer = stage_tokenizer(ctx, padding_side="left")
+    start = preamble(ctx, {"reward_weights": rewards.weights}, padding_side="left")
+    config, tokenizer = start.config, start.tokenizer
     with policy_input(ctx, config.beta) as policy_ctx:
+        policy = start.load_model(policy_ctx)
         trainer = getattr(trl, TRAINERS[ctx.plan.kind])(
-            model=load_stage_model(policy_ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
             reward_funcs=rewards.sources,
-            args=config,
-            train_dataset=train,
-            processing_class=tokenizer,
             reward_processing_classes=rewards.tokenizers,
-            callbacks=ctx.callbacks(),
-            peft_config=peft_config(lora),
+            **{**start.trainer_kwargs(policy), "eval_dataset": None},
         )
-    held_out = evaluation
+    held_out = start.evaluation
     clock = RolloutClock(trainer)
 
     def mean_rewards(phase: str) -> dict[str, float]:
@@ -66,15 +51,14 @@ def run(ctx: StageContext) -> StageResult:
             held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed), phase
         )
 
-    output = "adapter" if lora else "model"
     measure = mean_rewards if held_out is not None else no_measure
     training = Training(
         trainer,
         tokenizer,
-        output,
+        start.output,
         held_out=measure,
         curves=(("reward", "reward"),),
-        sample_prompts=sample_prompts(held_out if held_out is not None else train),
+        sample_prompts=start.sample_prompts(),
         run_metrics=clock.split,
     )
     return train_stage(ctx, training)

@@ -17,19 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from align.errors import DataError
-from align.evaluation import label_scores, preference_scores
-from align.placement import REFERENCE_PRECOMPUTED
-from align.stages.context import (
-    StageContext,
-    StageResult,
-    frozen_reference,
-    load_stage_model,
-    peft_config,
-    stage_config,
-    stage_data,
-    stage_tokenizer,
-)
-from align.stages.samples import sample_prompts
+from align.measures.heldout import label_scores, preference_scores
+from align.planning.placement import REFERENCE_PRECOMPUTED
+from align.stages.context import StageContext, StageResult, frozen_reference
+from align.stages.preamble import preamble
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
@@ -37,29 +28,27 @@ def run(ctx: StageContext) -> StageResult:
     """Score held-out feedback, train, score it again, and save the adapter or model."""
     from trl import KTOTrainer
 
-    lora = ctx.plan.stage.lora
     where = ctx.plan.where
-    train, evaluation = stage_data(ctx)
-    train = prompted(train, f"{where}.data.train")
-    evaluation = None if evaluation is None else prompted(evaluation, f"{where}.data.eval")
-    held_out = evaluation
+    precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
+    # TRL's collator pads right itself; a missing pad token becomes EOS
+    start = preamble(ctx, {"precompute_ref_log_probs": True} if precompute else None)
+    start.train = train = prompted(start.train, f"{where}.data.train")
+    if start.evaluation is not None:
+        start.evaluation = prompted(start.evaluation, f"{where}.data.eval")
+    held_out = start.evaluation
     paired = held_out is not None and is_paired(held_out)
     if held_out is not None and not paired:
         both_labels(held_out, f"{where}.data.{'eval' if ctx.plan.stage.data.eval else 'train'}")
-    precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    config = stage_config(ctx, {"precompute_ref_log_probs": True} if precompute else None)
-    tokenizer = stage_tokenizer(ctx)  # TRL's collator pads right itself; a missing pad token becomes EOS
+    tokenizer = start.tokenizer
     trainer = KTOTrainer(
-        model=load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit)),
         ref_model=frozen_reference(ctx),  # None: TRL disables the adapters, or precomputes
-        args=config,
-        train_dataset=unpaired(train),
-        eval_dataset=None if evaluation is None else unpaired(evaluation),
-        processing_class=tokenizer,
-        callbacks=ctx.callbacks(),
-        peft_config=peft_config(lora),
+        **{
+            **start.trainer_kwargs(),
+            "train_dataset": unpaired(train),
+            "eval_dataset": None if held_out is None else unpaired(held_out),
+        },
     )
-    max_length = config.max_length or 1024
+    max_length = start.config.max_length or 1024
 
     def scores(phase: str) -> dict[str, float]:
         if paired:
@@ -70,11 +59,12 @@ def run(ctx: StageContext) -> StageResult:
             measured = label_scores(trainer.model, tokenizer, held_out, max_length)
         return suffixed(measured, phase)
 
-    output = "adapter" if lora else "model"
     curves = (("loss", "loss"), ("kl", "kl"), ("rewards/margins", "reward_margin"))
     measure = scores if held_out is not None else no_measure
-    prompts = sample_prompts(held_out if held_out is not None else train)
-    training = Training(trainer, tokenizer, output, held_out=measure, curves=curves, sample_prompts=prompts)
+    prompts = start.sample_prompts()
+    training = Training(
+        trainer, tokenizer, start.output, held_out=measure, curves=curves, sample_prompts=prompts
+    )
     return train_stage(ctx, training)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from align.errors import StageFailed
-from align.plan import ModelInput
+from align.planning.plan import ModelInput
 from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
 from align.stages.export import publish
 from align.stages.samples import SAMPLE_PROMPTS, greedy_completions, paired

@@ -16,38 +16,28 @@ from typing import Any
 
 import torch
 
-from align.placement import VALUE_ADAPTER
-from align.stages.context import (
-    StageContext,
-    StageResult,
-    frozen_reference,
-    load_stage_model,
-    on_training_device,
-    peft_config,
-    stage_config,
-    stage_data,
-    stage_tokenizer,
-)
+from align.planning.placement import VALUE_ADAPTER
+from align.stages.context import StageContext, StageResult, frozen_reference, on_training_device
+from align.stages.preamble import Preamble, preamble
 from align.stages.rl import Rewards, held_out_rewards, stage_rewards
-from align.stages.samples import sample_prompts
 from align.stages.training import Training, no_measure, suffixed, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
 
 
-def policy_model(ctx: StageContext) -> Any:
+def policy_model(start: Preamble) -> Any:
     """The input model, with the stage's LoRA adapter (and the critic's, for `value: adapter`)."""
-    lora = ctx.plan.stage.lora
-    model = load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
+    lora = start.ctx.plan.stage.lora
+    model = start.load_model()
     if lora is None:
         return model
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     if lora.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    model = get_peft_model(model, peft_config(lora))
-    if ctx.plan.placement.value == VALUE_ADAPTER:
-        add_value_adapter(model, peft_config(lora))
+    model = get_peft_model(model, start.peft_config())
+    if start.ctx.plan.placement.value == VALUE_ADAPTER:
+        add_value_adapter(model, start.peft_config())
     return model
 
 
@@ -63,14 +53,13 @@ def reward_function(rewards: Rewards) -> RewardFn:
 
 def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with PPO, measure again, and save the policy (and its critic)."""
-    train, evaluation = stage_data(ctx)
+    start = preamble(ctx, padding_side="left")
+    config, tokenizer = start.config, start.tokenizer
     rewards = stage_rewards(ctx)
     for source in rewards.sources:  # align's own trainer: nobody else moves its reward models
         if isinstance(source, torch.nn.Module):
             on_training_device(ctx, source)
-    config = stage_config(ctx)
-    tokenizer = stage_tokenizer(ctx, padding_side="left")
-    policy = policy_model(ctx)
+    policy = policy_model(start)
     # policy, critic adapter and value head: the skeleton checks that each trainable parameter moved
     model = PolicyAndValue(policy, value_adapter=ctx.plan.placement.value == VALUE_ADAPTER)
     trainer = PPOTrainer(
@@ -78,27 +67,25 @@ def run(ctx: StageContext) -> StageResult:
         ref_model=frozen_reference(ctx),
         rewards=reward_function(rewards),
         args=config,
-        train_dataset=train,
+        train_dataset=start.train,
         processing_class=tokenizer,
         callbacks=ctx.callbacks(),
     )
-    held_out = evaluation
+    held_out = start.evaluation
 
     def mean_rewards(phase: str) -> dict[str, float]:
         return suffixed(held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed), phase)
 
-    output = "adapter" if ctx.plan.stage.lora else "model"
     curves = (("reward", "reward"), ("objective/kl", "kl"))
     measure = mean_rewards if held_out is not None else no_measure
-    prompts = sample_prompts(held_out if held_out is not None else train)
     training = Training(
         trainer,
         tokenizer,
-        output,
+        start.output,
         measure,
         curves,
         model=model,
-        sample_prompts=prompts,
+        sample_prompts=start.sample_prompts(),
         sampler=policy,
         run_metrics=trainer.time_split,
     )

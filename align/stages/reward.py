@@ -13,17 +13,10 @@ from typing import Any
 
 import torch
 
-from align.evaluation import training_text
-from align.models import load_pretrained
-from align.stages.context import (
-    StageContext,
-    StageResult,
-    merged_input,
-    peft_config,
-    stage_config,
-    stage_data,
-    stage_tokenizer,
-)
+from align.measures.heldout import training_text
+from align.models.loading import load_pretrained
+from align.stages.context import StageContext, StageResult, merged_input
+from align.stages.preamble import preamble
 from align.stages.training import Training, no_measure, train_stage
 
 
@@ -74,23 +67,14 @@ def run(ctx: StageContext) -> StageResult:
     from trl import RewardTrainer
 
     lora = ctx.plan.stage.lora
-    train, evaluation = stage_data(ctx)
-    config = stage_config(ctx)
-    tokenizer = stage_tokenizer(ctx)
+    start = preamble(ctx)
+    config, tokenizer = start.config, start.tokenizer
     model = load_reward_model(ctx)
     model.config.pad_token_id = tokenizer.pad_token_id  # the head scores the last non-pad token
     # a sequence-classification task keeps the new score head trainable beside the adapters
-    lora_config = dataclasses.replace(peft_config(lora), task_type="SEQ_CLS") if lora else None
-    trainer = RewardTrainer(
-        model=model,
-        args=config,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        processing_class=tokenizer,
-        callbacks=ctx.callbacks(),
-        peft_config=lora_config,
-    )
-    held_out = evaluation
+    lora_config = dataclasses.replace(start.peft_config(), task_type="SEQ_CLS") if lora else None
+    trainer = RewardTrainer(**{**start.trainer_kwargs(model), "peft_config": lora_config})
+    held_out = start.evaluation
 
     def accuracy(phase: str) -> dict[str, float]:
         value = pairwise_accuracy(trainer.model, tokenizer, held_out, config.max_length or 1024)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from align.errors import ModelError
-from align.models import load_pretrained, load_tokenizer
-from align.placement import REWARD_MODELS_SHARDED
+from align.models.loading import load_pretrained, load_tokenizer
+from align.planning.placement import REWARD_MODELS_SHARDED
 from align.rewards import guarded_function
 from align.stages.context import StageContext
 from align.trainers.sampling import decode, generate

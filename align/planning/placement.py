@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from align.backends import Backend
-from align.memory import FrozenModel
-from align.spec import KINDS, PPOStage, RewardedStage, StageBase, TrainingStage
-from align.trl_args import trl_setting
+from align.config.spec import KINDS, PPOStage, RewardedStage, StageBase, TrainingStage
+from align.models.memory import FrozenModel
+from align.pipeline.trl_args import trl_setting
 
 REFERENCE_NONE = "none"
 REFERENCE_ADAPTERS_DISABLED = "adapters-disabled"

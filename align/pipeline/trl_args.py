@@ -23,11 +23,11 @@ from functools import cache
 from typing import Any
 
 from align.cache import cache_root
+from align.config.spec import KINDS
+from align.config.validation import suggestion
 from align.errors import Problem
 from align.fingerprint import digest
-from align.precision import compute_dtype
-from align.spec import KINDS
-from align.validation import suggestion
+from align.models.precision import compute_dtype
 
 PLAN_SETTINGS = (
     "beta",

@@ -1,20 +1,20 @@
 """Checks that span more than one key: references, models, data files, and the `trl:` blocks.
 
 They run after every stage has the right shape, so each check can trust the types it reads. Paths are
-absolute by now (align.pipeline_file), so no check depends on the directory align runs in.
+absolute by now (align.pipeline.file), so no check depends on the directory align runs in.
 """
 
 from __future__ import annotations
 
 import sys
 
-from align.data import NO_EVAL
-from align.data_scan import check_data
+from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
+from align.data.loading import NO_EVAL
+from align.data.scan import check_data
 from align.errors import Problem
-from align.graph import order, reference_target, references
-from align.models import model_problem
+from align.models.loading import model_problem
+from align.pipeline.graph import order, reference_target, references
 from align.rewards import args_problem, function_problem
-from align.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 
 
 def model_problems(pipeline: Pipeline) -> list[Problem]:
@@ -44,7 +44,7 @@ def model_problems(pipeline: Pipeline) -> list[Problem]:
 
 
 def data_problems(pipeline: Pipeline) -> list[Problem]:
-    """Each data file exists and every row of it fits its stage kind (align.data_scan)."""
+    """Each data file exists and every row of it fits its stage kind (align.data.scan)."""
     problems = []
     for name, stage in pipeline.stages.items():
         if not isinstance(stage, TrainingStage):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from align.data import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
-from align.memory import format_bytes
-from align.plan import Plan, StagePlan
-from align.precision import PURE, PURE_RISK, describe
+from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
+from align.models.memory import format_bytes
+from align.models.precision import PURE, PURE_RISK, describe
+from align.planning.plan import Plan, StagePlan
 
 SHOWN_METRICS = (
     "train_loss_first",

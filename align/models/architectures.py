@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 
 LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linears of one decoder layer, as peft's `target_modules` names them."""

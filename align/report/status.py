@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from align.checkpoints import latest_complete
-from align.console import progress_text
-from align.graph import order
+from align.pipeline.graph import order
+from align.report.console import progress_text
 from align.run.launch import read_progress
 from align.run.lock import LOCK, describe, same_process
 from align.run.records import RECORD, attempts, read_record
+from align.stages.checkpoints import latest_complete
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def run_status(folder: Path, reads: dict[str, list[str]]) -> list[str]:
 
 def status_lines(target: Path) -> list[str]:
     """`target` is a pipeline file (every stage it declares) or its run folder (the stages found there)."""
-    from align.report import latest_record, reads_from, run_target, stage_names
+    from align.report.run_folder import latest_record, reads_from, run_target, stage_names
 
     folder, configs = run_target(target)
     if not configs:

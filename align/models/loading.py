@@ -54,8 +54,8 @@ def build_smollm2(out_dir: Path) -> None:
 
 
 def build_tiny(out_dir: Path) -> None:
-    """The tiny random-init Llama (align/tiny.py), imported only when it must be built."""
-    from align.tiny import build_tiny_model
+    """The tiny random-init Llama (align/models/tiny.py), imported only when it must be built."""
+    from align.models.tiny import build_tiny_model
 
     build_tiny_model(out_dir)
 

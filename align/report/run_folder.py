@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError
-from align.graph import order, reference_target, strings
-from align.memory import format_bytes
-from align.plots import Plot, dag_plot, read_log, stage_plot
+from align.models.memory import format_bytes
+from align.pipeline.graph import order, reference_target, strings
+from align.report.plots import Plot, dag_plot, read_log, stage_plot
 from align.run.records import RECORD, attempts, read_record
 
 
@@ -88,7 +88,7 @@ def run_target(target: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
     else `target` itself, with no configs beyond what its records hold."""
     if target.is_dir():
         return target.resolve(), {}
-    from align.pipeline_file import load
+    from align.pipeline.file import load
 
     pipeline = load(target)
     folder = Path(pipeline.defaults.output_root).resolve() / pipeline.name

@@ -8,8 +8,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from align.plots import Plot
-from align.report import (
+from align.report.plots import Plot
+from align.report.run_folder import (
     MEASURED_HEADER,
     OVERVIEW,
     PLAN_HEADER,

@@ -1,7 +1,7 @@
 """The memory plan: per-rank bytes of each stage under each backend, by arithmetic alone.
 
-Model states for Adam with Ψ trainable parameters, as each backend holds them (align/precision.py says how
-each realises a precision):
+Model states for Adam with Ψ trainable parameters, as each backend holds them (align/models/precision.py
+says how each realises a precision):
 - ddp and fsdp under mixed precision (bf16, fp16) and fp32 keep fp32 weights 4Ψ, fp32 gradients 4Ψ and
   fp32 Adam moments 8Ψ, and no separate master copy: the 16-bit weights exist only for the forward and
   backward (autocast's cache, FSDP2's all-gathered bf16 parameters), not as states. DDP holds 16Ψ per
@@ -28,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass, fields, replace
 
-from align.architectures import LINEAR_MODULES, Architecture, resolve_lora_targets
+from align.models.architectures import LINEAR_MODULES, Architecture, resolve_lora_targets
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BACKENDS = ("ddp", "zero2", "fsdp")

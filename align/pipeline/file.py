@@ -24,13 +24,13 @@ from pydantic import Field, ValidationError
 
 from align.backends import BACKENDS
 from align.cache import user_path
-from align.checks import cross_check
-from align.data import data_location
+from align.config.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, Strict
+from align.config.validation import pydantic_problems
+from align.data.loading import data_location
 from align.errors import ConfigError, Problem
-from align.models import model_location
-from align.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, Strict
-from align.trl_args import trl_problems
-from align.validation import pydantic_problems
+from align.models.loading import model_location
+from align.pipeline.checks import cross_check
+from align.pipeline.trl_args import trl_problems
 
 
 class Header(Strict):

@@ -12,18 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from align.architectures import Architecture, architecture_for
 from align.backends import BACKENDS, Backend
-from align.batching import sft_batching
 from align.cache import cache_root
+from align.config.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
+from align.data.batching import sft_batching
 from align.errors import ConfigError, Problem
-from align.graph import order, reference_target, references
-from align.hardware import Hardware
-from align.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
-from align.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
-from align.precision import PURE, compute_dtype, trainable_dtype
-from align.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
-from align.trl_args import trl_setting
+from align.models.architectures import Architecture, architecture_for
+from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
+from align.models.precision import PURE, compute_dtype, trainable_dtype
+from align.pipeline.graph import order, reference_target, references
+from align.pipeline.trl_args import trl_setting
+from align.planning.hardware import Hardware
+from align.planning.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
 
 PROMPT_TOKENS = 512
 """The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
@@ -62,7 +62,7 @@ class StagePlan:
     backend_reason: str
     workers: int
     precision: str
-    trainable_dtype: str  # what the trained parameters are held in (align/precision.py)
+    trainable_dtype: str  # what the trained parameters are held in (align/models/precision.py)
     seed: int
     accelerator: bool
     offload_optimizer: bool
@@ -73,7 +73,7 @@ class StagePlan:
     max_failures: int = 2  # lost workers retried, each time from the latest checkpoint
     remote_code: bool = False  # the pipeline's `allow_custom_code`: models may run their own code
     checkpoint_minutes: float = 30.0
-    batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/batching.py
+    batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/data/batching.py
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property

@@ -3,10 +3,10 @@ before Ray starts) finds a bad row deep in a file, not the worker that reaches i
 
 A scan streams the file: jsonl line by line, a JSON array item by item, parquet files and `datasets`
 folders as Arrow record batches. Each row is checked against the TRL formats that its stage's data kind
-accepts (`align.data.DATA_COLUMNS`), and each defect is reported once per file with a count and its first
-places. The verdict is cached by the file's identity (path, size, modification time) and the data kind
+accepts (`align.data.loading.DATA_COLUMNS`), and each defect is reported once per file with a count and
+its first places. The verdict is cached by the file's identity (path, size, modification time) and data kind
 under `$ALIGN_CACHE/data-checks`, so a second validate of a large file does not read it again. Reading
-the rows is `align.data_rows`.
+the rows is `align.data.rows`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from align.cache import cache_root, is_dir, write_atomically
-from align.corpora import BUILTIN_PREFIX, builtin
-from align.data import DATA_COLUMNS, HUB_PREFIX, column_problem, locate, missing_columns
-from align.data_rows import row_source
+from align.data.corpora import BUILTIN_PREFIX, builtin
+from align.data.loading import DATA_COLUMNS, HUB_PREFIX, column_problem, locate, missing_columns
+from align.data.rows import row_source
 from align.errors import DataError
 from align.fingerprint import digest
 

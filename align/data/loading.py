@@ -1,7 +1,7 @@
 """Datasets for stages, in TRL's standard or conversational formats.
 
 A ref is a builtin (`align:chatterbot/sft/train`), a .jsonl/.json/.parquet file, or a folder written
-by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `align.data_scan` checks every row
+by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `align.data.scan` checks every row
 before anything loads; `load_data` needs no network and no `datasets` cache.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from align.cache import exists, is_dir, user_path
-from align.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
+from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
 from align.errors import DataError
 from align.fingerprint import file_digest
 

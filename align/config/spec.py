@@ -1,7 +1,7 @@
 """The pipeline file as typed data: one pydantic model per stage kind, unknown keys rejected, and the
 one table of stage kinds (`KINDS`) that says what align needs to know about each.
 
-Reading and validating a file is `align.pipeline_file.load()`. Nothing here loads a model or starts Ray.
+Reading and validating a file is `align.pipeline.file.load()`. Nothing here loads a model or starts Ray.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator
 
-from align.architectures import resolve_lora_targets
+from align.models.architectures import resolve_lora_targets
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -57,7 +57,7 @@ class Zero2Spec(Strict):
     overlap_comm: bool = True
     contiguous_gradients: bool = True
     bucket_size: Annotated[int, Field(gt=0, multiple_of=2)] = 50_000_000  # DeepSpeed needs it even
-    config: str | None = None  # made absolute by align.pipeline_file, as every path of the file
+    config: str | None = None  # made absolute by align.pipeline.file, as every path of the file
 
 
 class FSDPSpec(Strict):
@@ -74,7 +74,7 @@ class StageBase(Strict):
     """What every stage kind shares: its input model, where it runs, and on how many workers."""
 
     model: str | None = None  # default: the pipeline's base_model
-    backend: str | None = None  # auto or a registered backend (checked by align.pipeline_file)
+    backend: str | None = None  # auto or a registered backend (checked by align.pipeline.file)
     workers: Annotated[int, Field(gt=0)] | None = None
     precision: Literal["auto", "fp32", "bf16", "bf16-pure", "fp16"] | None = None
     save_dtype: Literal["input", "fp32", "bf16", "fp16"] = "input"
@@ -177,7 +177,7 @@ class StageKind:
     """One row of the stage-kind table: everything align needs to know about a kind, in one place.
 
     config: TRL's config class as `module.Class` (imported only where it is built); None takes no `trl:`.
-    data: the data kind its `data:` must be (`align.data.DATA_COLUMNS`); None for a stage without data.
+    data: the data kind its `data:` must be (`align.data.loading.DATA_COLUMNS`); None: a stage without data.
     reference: `never`, `always`, or `with_kl` (only when the config's `beta` > 0).
     sequences: sequences per example in one forward (a preference pair is 2), for the memory plan.
     runner: the module whose `run(StageContext)` runs it, imported in the worker.
@@ -213,9 +213,9 @@ KINDS: dict[str, StageKind] = {
 class Defaults(Strict):
     """Pipeline-wide settings that a stage may override."""
 
-    backend: str = "auto"  # or a registered backend (checked by align.pipeline_file)
+    backend: str = "auto"  # or a registered backend (checked by align.pipeline.file)
     workers: Annotated[int, Field(gt=0)] = 1
-    precision: Literal["auto", "fp32", "bf16", "bf16-pure", "fp16"] = "auto"  # align/precision.py
+    precision: Literal["auto", "fp32", "bf16", "bf16-pure", "fp16"] = "auto"  # align/models/precision.py
     output_root: str = "runs"
     seed: int = 0
     device_memory: str | None = None  # e.g. "80GB"; detected when absent
@@ -234,7 +234,7 @@ class Pipeline(Strict):
     edges: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
     """Each stage's upstream stages, from its `${stages.X.output}` references: set by the file's checks."""
     source_dir: str | None = Field(default=None, exclude=True)
-    """The pipeline file's folder: its relative paths were read from there (align.pipeline_file)."""
+    """The pipeline file's folder: its relative paths were read from there (align.pipeline.file)."""
 
     def stage_model(self, name: str) -> str:
         """The model a stage starts from: its own `model:` or the pipeline's base model."""

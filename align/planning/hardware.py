@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from align.errors import AlignError
-from align.memory import parse_memory
+from align.models.memory import parse_memory
 
 DEFAULT_DEVICE_MEMORY = "80GB"
 

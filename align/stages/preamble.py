@@ -1,0 +1,77 @@
+"""What every trainer-backed runner starts from: its data, TRL config, tokenizer, model and peft config.
+
+Each runner used to open with the same block; it asks for a `Preamble` instead and keeps only what is its
+own (the trainer class, its extra arguments, what it measures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from align.stages.context import (
+    StageContext,
+    load_stage_model,
+    peft_config,
+    stage_config,
+    stage_data,
+    stage_tokenizer,
+)
+from align.stages.samples import sample_prompts
+
+
+@dataclass
+class Preamble:
+    ctx: StageContext
+    train: Any
+    evaluation: Any  # None: nothing held out
+    config: Any  # TRL's config class of the stage's kind
+    tokenizer: Any
+
+    @property
+    def output(self) -> str:
+        """The folder the stage publishes: `adapter` with LoRA, else `model`."""
+        return "adapter" if self.ctx.plan.stage.lora else "model"
+
+    def sample_prompts(self) -> list[Any]:
+        """The held-out prompts greedily sampled before and after (training rows when none are held out)."""
+        return sample_prompts(self.evaluation if self.evaluation is not None else self.train)
+
+    def load_model(self, ctx: StageContext | None = None) -> Any:
+        """The policy, loaded as the backend asks (4-bit for QLoRA), from `ctx`'s input (default: the
+        stage's own)."""
+        lora = self.ctx.plan.stage.lora
+        return load_stage_model(ctx or self.ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
+
+    def peft_config(self) -> Any:
+        return peft_config(self.ctx.plan.stage.lora)
+
+    def trainer_kwargs(self, model: Any = None) -> dict[str, Any]:
+        """The arguments every TRL trainer takes alike; `model` defaults to `load_model()`."""
+        return {
+            "model": self.load_model() if model is None else model,
+            "args": self.config,
+            "train_dataset": self.train,
+            "eval_dataset": self.evaluation,
+            "processing_class": self.tokenizer,
+            "callbacks": self.ctx.callbacks(),
+            "peft_config": self.peft_config(),
+        }
+
+
+def preamble(
+    ctx: StageContext,
+    overrides: dict[str, Any] | None = None,
+    *,
+    padding_side: str = "right",
+    eval_on_start: bool = False,
+) -> Preamble:
+    """Data, TRL config (the `trl:` block plus the runner's `overrides`) and tokenizer; the model loads when
+    the trainer is built. `eval_on_start`: TRL evaluates the held-out rows at the start of train(), where
+    every backend can evaluate (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)."""
+    train, evaluation = stage_data(ctx)
+    if eval_on_start:
+        overrides = {"eval_on_start": evaluation is not None, **(overrides or {})}
+    return Preamble(
+        ctx, train, evaluation, stage_config(ctx, overrides), stage_tokenizer(ctx, padding_side=padding_side)
+    )
