@@ -106,7 +106,7 @@ def test_verify_refuses_an_unsharded_model():
 @pytest.mark.parametrize(
     ("fields", "defaults", "path"),
     [
-        ({"lora": {"r": 4}}, {}, "stages.sft.backend: fsdp trains full parameters"),
+        ({"lora": {"r": 4, "load_in_4bit": True}}, {}, "stages.sft.lora.load_in_4bit: fsdp shards"),
         ({}, {"workers": 1}, "stages.sft.workers"),
         ({"trl": {"resume_from_checkpoint": "/nonexistent"}}, {}, "stages.sft.trl.resume_from_checkpoint"),
         ({"fsdp": {"mixed_precision": "fp16"}}, {}, "stages.sft.fsdp.mixed_precision"),
@@ -352,6 +352,29 @@ def test_dpo_shards_the_policy_and_the_reference(tmp_path):
     metrics = record["metrics"]
     assert metrics["train_loss_last"] < metrics["train_loss_first"]
     assert metrics["trainable_changed"] == 1.0 and metrics["reference_copy_loaded"] == 1.0
+
+
+@pytest.mark.integration
+def test_lora_shards_the_frozen_base_trains_the_adapters_and_merges(tmp_path):
+    """LoRA under fsdp: each rank holds half the frozen base plus the whole (replicated) adapters, the
+    loss falls, and the merged model gives the adapter model's logits."""
+    sft = stage("sft", steps=6, lora={"r": 8}, trl={**CONSTANT_LR, "learning_rate": 1e-2})
+    path = fsdp_pipeline(
+        tmp_path, "fsdp-lora", {"sft": sft, "merge": {"kind": "merge", "model": "${stages.sft.output}"}}
+    )
+    run(path)
+    planned = {row["what"]: row["device"] for row in stage_record(path, "sft")["memory_plan"]}
+    adapters = placement_reports(path, "sft")[0]["trainable_elements_total"]
+    assert planned["gradients"] == 4 * adapters  # fp32 and replicated: each rank holds every gradient
+    for report in fsdp_reports(path, "sft"):
+        held = report["models"][0]
+        base = held["param_elements_total"] - adapters
+        assert held["param_elements_local"] == pytest.approx(base / 2 + adapters, rel=0.02), held
+        assert held["param_storage_bytes"] == pytest.approx(planned["parameters"], rel=0.01), held
+    losses = list(metrics_by_step(path, "sft").values())
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    assert (stage_folder(path, "sft") / "adapter" / "adapter_model.safetensors").is_file()
+    assert stage_record(path, "merge")["metrics"]["merge_max_abs_logit_delta"] <= 1e-4
 
 
 # ---- the same on GPUs (NCCL) ---------------------------------------------------------------------------

@@ -182,8 +182,8 @@ def test_architecture_for_hub_ids_local_dirs_and_unknowns(tmp_path) -> None:
     assert architecture_for("someone/unknown-model") is None
 
 
-def test_config_without_llama_keys_names_what_is_missing() -> None:
-    with pytest.raises(ValueError, match="num_hidden_layers"):
+def test_config_without_a_family_names_what_is_missing() -> None:
+    with pytest.raises(ValueError, match="model_type"):
         architecture_from_config(
             {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 9}
         )

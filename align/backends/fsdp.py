@@ -1,5 +1,10 @@
 """FSDP2: parameters, gradients and optimizer states sharded across ranks, on CPU (gloo) and GPU (NCCL).
 
+With LoRA the frozen base is what is sharded, 1/N per rank, which is the point when a base is too big to
+replicate (Mixtral-8x7B in bf16 is 93 GB); the adapters, added by peft after the base was sharded at load,
+stay plain tensors that transformers' Trainer keeps identical across ranks (broadcast once, gradients
+averaged). QLoRA is refused: transformers' FSDP2 loading leaves bitsandbytes' NF4 weights whole.
+
 Mechanism: transformers' own FSDP2. `model_kwargs` asks `from_pretrained` for
 `DistributedConfig(fsdp_size=workers)`, so every decoder layer and the root become `fully_shard` units
 whose parameters are DTensors, and the model reports `is_distributed_loading_by_transformers`. That flag
@@ -44,13 +49,14 @@ class FSDP:
         """What this backend would not shard, refused rather than run unsharded under the name fsdp."""
         trl = getattr(stage, "trl", {})
         problems = []
-        if getattr(stage, "lora", None) is not None:
+        lora = getattr(stage, "lora", None)
+        if lora is not None and lora.load_in_4bit:
             problems.append(
                 Problem(
-                    f"{where}.backend",
-                    "fsdp trains full parameters; with `lora:` only the frozen base would be sharded while "
-                    "the adapters and their optimizer states stay replicated. Use `backend: zero2` for "
-                    "LoRA/QLoRA",
+                    f"{where}.lora.load_in_4bit",
+                    "fsdp shards a LoRA stage's frozen base in 16 or 32 bits; NF4 weights (bitsandbytes "
+                    "Params4bit) are not sharded by transformers' FSDP2 loading and would stay whole on each "
+                    "rank. Use `backend: zero2` for QLoRA, or drop `load_in_4bit` to shard the base",
                 )
             )
         if workers < 2:

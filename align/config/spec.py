@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator
 
-from align.models.architectures import resolve_lora_targets
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -35,9 +34,11 @@ class LoraSpec(Strict):
 
     @field_validator("target_modules")
     @classmethod
-    def names_decoder_linears(cls, targets: list[str] | str) -> list[str] | str:
-        """A name the model lacks would fail in the worker minutes later (NoMatchingPeftModuleError)."""
-        resolve_lora_targets(targets)
+    def names_something(cls, targets: list[str] | str) -> list[str] | str:
+        """Names are checked against the model's own modules by the plan (a name the model lacks would fail
+        in the worker minutes later); here only that there is one."""
+        if not targets:
+            raise ValueError("name at least one module, or 'all-linear'")
         return targets
 
 

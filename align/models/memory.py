@@ -28,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass, fields, replace
 
-from align.models.architectures import LINEAR_MODULES, Architecture, resolve_lora_targets
+from align.models.architectures import ALL_LINEAR, Architecture
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BACKENDS = ("ddp", "zero2", "fsdp")
@@ -87,7 +87,7 @@ class Workload:
     dtype: str = "bf16"
     pure: bool = False
     lora_rank: int | None = None
-    lora_targets: tuple[str, ...] | str = LINEAR_MODULES
+    lora_targets: tuple[str, ...] | str = ALL_LINEAR  # resolved against the model when counted
     quantize_4bit: bool = False
     upcast_unpacked: bool = False
     frozen_models: tuple[FrozenModel, ...] = ()
@@ -104,8 +104,6 @@ class Workload:
             raise ValueError("pure 16-bit training needs a 16-bit dtype, not fp32")
         if self.quantize_4bit and self.lora_rank is None:
             raise ValueError("4-bit quantized weights cannot be trained directly: set a LoRA rank (QLoRA)")
-        if self.lora_rank is not None:
-            resolve_lora_targets(self.lora_targets)
         if self.micro_batch_size < 1 or self.trunk_passes < 1 or min(self.seq_len, self.extra_trainable) < 0:
             raise ValueError(
                 f"micro_batch_size {self.micro_batch_size}, trunk_passes {self.trunk_passes}: need >= 1; "
@@ -289,11 +287,14 @@ def _place_policy(
     states: StateBytes, base: int, backend: str, n: int, offload_optimizer: bool, offload_params: bool
 ) -> tuple[StateBytes, StateBytes]:
     """(device, host) per rank of the policy's model states under ddp or fsdp; `base` is a LoRA model's
-    frozen weights."""
-    params = states.params + base
+    frozen weights, which fsdp shards while the adapters' weights, gradients and moments stay replicated
+    (transformers keeps them in step across ranks)."""
     if backend == "ddp":
-        return replace(states, params=params), StateBytes()
-    sharded = StateBytes(_shard(params, n), _shard(states.grads, n), _shard(states.optimizer, n))
+        return replace(states, params=states.params + base), StateBytes()
+    if base:  # LoRA under fsdp: the base sharded at load; adapters added after it stay whole on each rank
+        sharded = replace(states, params=_shard(base, n) + states.params)
+    else:
+        sharded = StateBytes(_shard(states.params, n), _shard(states.grads, n), _shard(states.optimizer, n))
     if offload_params:
         return StateBytes(), sharded
     if offload_optimizer:

@@ -61,6 +61,8 @@ def frozen_held(backend: Backend) -> str:
 def policy_placement(backend: Backend, lora: bool, quantize_4bit: bool) -> str:
     """How the trained model is held on each rank."""
     base = "4-bit NF4 base + LoRA adapters" if quantize_4bit else ("base + LoRA adapters" if lora else "full")
+    if lora and backend.frozen_sharded:  # peft adds the adapters after the base was sharded at load
+        return f"{base}, the frozen base sharded; adapters, their grads and optimizer states on every rank"
     return f"{base}, {backend.policy_held}"
 
 

@@ -17,7 +17,7 @@ from align.cache import cache_root
 from align.config.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
 from align.data.batching import sft_batching
 from align.errors import ConfigError, Problem
-from align.models.architectures import Architecture, architecture_for
+from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets, architecture_for
 from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
 from align.models.precision import PURE, compute_dtype, trainable_dtype
 from align.pipeline.graph import order, reference_target, references
@@ -74,6 +74,7 @@ class StagePlan:
     remote_code: bool = False  # the pipeline's `allow_custom_code`: models may run their own code
     checkpoint_minutes: float = 30.0
     batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/data/batching.py
+    lora_targets: LoraTargets | None = None  # `lora.target_modules` resolved against the model's modules
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -156,7 +157,7 @@ def workload(
     """
     lora = stage.lora if isinstance(stage, TrainingStage) else None
     trl = stage.trl if isinstance(stage, TrainingStage) else {}
-    targets = tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else "all-linear"
+    targets = tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else ALL_LINEAR
     critic = 0
     if placement.value != VALUE_NONE:
         critic = arch.hidden_size + 1  # the value head, hidden -> 1 with a bias
@@ -191,10 +192,11 @@ def sequence_length(stage: StageBase) -> int:
 
 
 def auto_order(lora: bool, workers: int) -> tuple[str, ...]:
-    """The backends `auto` tries, best first: ZeRO-2 for LoRA/QLoRA (the adapters' states are small,
-    the base is frozen); DDP on one rank; ZeRO-2 then FSDP for full parameters on several."""
+    """The backends `auto` tries, best first: ZeRO-2 for LoRA/QLoRA (the adapters' states are small, the
+    base is frozen), then FSDP, which shards the frozen base too when a replica of it does not fit; DDP on
+    one rank; ZeRO-2 then FSDP for full parameters on several."""
     if lora:
-        return ("zero2", "ddp")
+        return ("zero2", "fsdp", "ddp")
     return ("ddp", "zero2") if workers == 1 else ("zero2", "fsdp")
 
 
@@ -213,8 +215,6 @@ def choose_backend(
     the settings it will run with. The first that fits wins (ZeRO-2 for full parameters only under 13B:
     it copies every weight to each rank); when none fits, the smallest, with how far over it is.
     """
-    if stage.kind == "merge":
-        return "ddp", "a merge runs in one process"
     if workers == 1 and not hardware.accelerator:
         return (
             "ddp",
@@ -261,6 +261,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     # a merge is checked in fp32, where an exact merge is measurable (and saved in its input's dtype)
     precision = resolve_precision(pipeline.stage_setting(name, "precision"), hardware) if trains else "fp32"
     arch = stage_architecture(pipeline, name) if trains else None
+    targets = lora_targets(stage, where, arch)
     rewards = reward_model_params(pipeline, name, arch) if arch else {}
     precompute_asked = bool(trains and trl_setting(stage.kind, stage.trl, "precompute_ref_log_probs"))
 
@@ -275,7 +276,9 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         return {option: est for each in BACKENDS.values() for option, est in price(each, placement).items()}
 
     requested = pipeline.stage_setting(name, "backend")
-    if requested == "auto":
+    if not trains:  # a `defaults.backend` is for the training stages
+        requested, reason = "ddp", "a merge runs in one process"
+    elif requested == "auto":
         what = (
             describe_workload(
                 arch, workload(stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards)
@@ -327,7 +330,24 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         checkpoint_minutes=pipeline.stage_setting(name, "checkpoint_minutes"),
         remote_code=pipeline.allow_custom_code,
         batching=sft_batching(stage.trl) if stage.kind == "sft" else None,
+        lora_targets=targets,
     )
+
+
+def lora_targets(stage: StageBase, where: str, arch: Architecture | None) -> LoraTargets | None:
+    """The stage's `lora.target_modules` against its model's own modules (as given when the model is not
+    present yet); a name the model lacks is refused here, not by peft in the worker minutes later."""
+    lora = getattr(stage, "lora", None)
+    if lora is None:
+        return None
+    named = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
+    if arch is None:
+        shown = named if isinstance(named, str) else ", ".join(named)
+        return LoraTargets(named, summary=f"{shown} (checked against the model once it is present)")
+    try:
+        return arch.resolve_lora(named)
+    except ValueError as err:
+        raise ConfigError([Problem(f"{where}.lora.target_modules", str(err))]) from None
 
 
 def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:

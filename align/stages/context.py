@@ -14,8 +14,8 @@ import torch
 
 from align.backends import BACKENDS, Backend
 from align.config.secrets import is_secret_name
-from align.config.spec import LoraSpec
 from align.data.loading import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
+from align.models.architectures import LoraTargets
 from align.models.loading import load_causal_lm, load_tokenizer
 from align.models.precision import compute_dtype
 from align.pipeline.trl_args import build_config
@@ -159,17 +159,22 @@ def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
     return tokenizer
 
 
-def peft_config(lora: LoraSpec | None):
-    """PEFT's LoraConfig for a stage's `lora:` block; TRL applies it and handles 4-bit preparation."""
+def peft_config(plan: StagePlan):
+    """PEFT's LoraConfig for a stage's `lora:` block, on the targets the plan resolved against the model
+    (MoE weights through `target_parameters`); TRL applies it and handles 4-bit preparation."""
+    lora = plan.stage.lora
     if lora is None:
         return None
     from peft import LoraConfig
 
+    targets = plan.lora_targets or LoraTargets(lora.target_modules)  # a plan built before resolving
+    modules = targets.modules if isinstance(targets.modules, str) else list(targets.modules)
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha or 2 * lora.r,
         lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
+        target_modules=modules or None,
+        target_parameters=list(targets.parameters) or None,
         task_type="CAUSAL_LM",
     )
 

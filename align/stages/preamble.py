@@ -44,7 +44,7 @@ class Preamble:
         return load_stage_model(ctx or self.ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
 
     def peft_config(self) -> Any:
-        return peft_config(self.ctx.plan.stage.lora)
+        return peft_config(self.ctx.plan)
 
     def trainer_kwargs(self, model: Any = None) -> dict[str, Any]:
         """The arguments every TRL trainer takes alike; `model` defaults to `load_model()`."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from align.trainers.sampling import prompt_text
+from align.trainers.sampling import moe_generation, prompt_text
 
 SAMPLE_PROMPTS = 4
 SAMPLE_TOKENS = 24  # enough to read a reply's start, cheap even for a large model under a sharded backend
@@ -67,6 +67,7 @@ def greedy_completions(
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         synced_gpus=synced,
+        **moe_generation(model),
     )
     model.train(was_training)
     return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)

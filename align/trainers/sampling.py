@@ -70,6 +70,13 @@ def only_these_settings(model: Any) -> Iterator[None]:
         owner.generation_config = saved
 
 
+def moe_generation(model: Any) -> dict[str, bool]:
+    """What `generate` must be told of a MoE model that TRL set to return router logits for its auxiliary
+    loss (`output_router_logits`): not to, because transformers' loss over them fails on a cached step."""
+    config = getattr(model, "config", None)
+    return {"output_router_logits": False} if getattr(config, "output_router_logits", False) else {}
+
+
 @torch.no_grad()
 def generate(
     model: Any,
@@ -100,6 +107,7 @@ def generate(
             eos_token_id=stop_id,
             pad_token_id=tokenizer.pad_token_id,
             synced_gpus=synced,
+            **moe_generation(model),
         )
     new_tokens = output[:, batch["input_ids"].shape[1] :]
     if new_tokens.shape[1] < max_new_tokens:  # every completion stopped early
