@@ -20,6 +20,7 @@ SLOW_SUITES = {
     "test_kto",
     "test_seeding",
     "test_data_formats",
+    "test_data_shapes",
     "test_families",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs

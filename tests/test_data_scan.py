@@ -108,7 +108,8 @@ def test_a_file_none_of_whose_rows_fit_names_the_columns_it_lacks(tmp_path: Path
     data = jsonl(tmp_path / "sft.jsonl", [{"question": "Hi", "answer": "Hello"}] * 2)
     assert check_data(str(data), "sft", "d") == (
         f"{data} lacks column 'messages' that sft data needs (it has: question, answer); "
-        "expected one of: messages, text, prompt+completion"
+        "expected one of: messages, text, prompt+completion; if they are named otherwise, rename them: "
+        "data: {columns: {question: prompt, answer: completion}}"
     )
 
 

@@ -14,8 +14,9 @@ from typing import IO, Any
 
 from align.cache import exists, is_dir, user_path
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
+from align.data.shapes import Normalizer, RowProblem, detect, suggest_columns
 from align.errors import DataError
-from align.fingerprint import file_digest
+from align.fingerprint import digest, file_digest
 
 NO_EVAL = "none"  # `eval: none`: no held-out measurement at all
 HELD_OUT_SHARE = 0.05  # without an eval split, this share of train is held out of training and measured
@@ -101,11 +102,13 @@ def dataset_folder(path: Path, split: str | None, ref: str) -> Path:
     return path
 
 
-def load_data(ref: str, kind: str, field: str) -> Any:
-    """The dataset behind `ref`, checked to have the columns a `kind` stage needs."""
+def load_data(ref: str, kind: str, field: str, columns: dict[str, str] | None = None) -> Any:
+    """The dataset behind `ref`, its columns renamed by `columns` (`data.columns`) and a known shape
+    converted (align/data/shapes.py), checked to have the columns a `kind` stage needs."""
     path = None if ref.startswith(HUB_PREFIX) else resolve_data(ref, field)
     try:
         dataset = hub_dataset(ref) if path is None else read_dataset(path, ref)
+        dataset = normalized(dataset, ref, columns or {})
     except DataError as error:
         raise DataError(f"{field}: {error}") from None
     problem = column_problem(ref, dataset.column_names, kind)
@@ -114,6 +117,25 @@ def load_data(ref: str, kind: str, field: str) -> Any:
     if problem is not None:
         raise DataError(f"{field}: {problem}")
     return dataset
+
+
+def normalized(dataset: Any, ref: str, columns: dict[str, str]) -> Any:
+    """The rows renamed and converted by the scan's own `Normalizer`; the dataset as it is when nothing
+    applies."""
+    if len(dataset) == 0 or (not columns and detect(dataset[0]) is None):
+        return dataset
+    normalize = Normalizer(columns)
+
+    def convert(row: dict[str, Any], index: int) -> dict[str, Any]:
+        try:
+            return normalize(row)
+        except RowProblem as problem:
+            raise DataError(f"{ref} row {index} {problem}") from None
+
+    fingerprint = digest({"from": dataset._fingerprint, "columns": columns, "shapes": 1})
+    return dataset.map(
+        convert, with_indices=True, remove_columns=dataset.column_names, new_fingerprint=fingerprint[:32]
+    )
 
 
 def hub_dataset(ref: str) -> Any:
@@ -210,8 +232,10 @@ def column_problem(ref: str, columns: list[str], kind: str) -> str | None:
     missing = missing_columns(columns, kind)
     if not missing:
         return None
+    suggestion = suggest_columns(columns, DATA_COLUMNS[kind])
     return (
         f"{ref} lacks column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} that {kind} "
         f"data needs (it has: {', '.join(columns)}); "
         f"expected one of: {', '.join('+'.join(needed) for needed in DATA_COLUMNS[kind])}"
+        + (f"; if they are named otherwise, rename them: {suggestion}" if suggestion else "")
     )

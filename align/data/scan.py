@@ -23,10 +23,11 @@ from align.cache import cache_root, is_dir, write_atomically
 from align.data.corpora import BUILTIN_PREFIX, builtin
 from align.data.loading import DATA_COLUMNS, HUB_PREFIX, column_problem, locate, missing_columns
 from align.data.rows import row_source
+from align.data.shapes import Normalizer, RowProblem, describe
 from align.errors import DataError
 from align.fingerprint import digest
 
-SCAN_FORMAT = 1  # bump when the rules change: cached verdicts are then checked again
+SCAN_FORMAT = 2  # bump when the rules change: cached verdicts are then checked again
 EXAMPLES = 3  # places shown for each defect
 CONVERSATIONAL = ("prompt", "completion", "chosen", "rejected")  # each text, or a list of messages
 
@@ -136,6 +137,9 @@ class Scan:
     wider: list[tuple[str, ...]] = field(default_factory=list)  # formats with more columns than `columns`
     shape: str | None = None
     shape_place: str = ""
+    normalize: Normalizer = field(
+        default_factory=Normalizer
+    )  # data.columns and known shapes (data/shapes.py)
 
     def add(self, issue: Issue, place: str, detail: str | None = None) -> None:
         tally = self.tallies.setdefault(issue, Tally())
@@ -149,6 +153,10 @@ class Scan:
             return self.add(NOT_JSON, place, error)
         if not isinstance(row, dict):
             return self.add(NOT_OBJECT, place, f"a JSON {type(row).__name__}")
+        try:
+            row = self.normalize(row)
+        except RowProblem as problem:
+            return self.add(Issue(problem.one, problem.many, problem.fix), place, problem.detail)
         if self.columns is None and not self.take_format(place, row):
             return None
         if missing := [column for column in self.columns if row.get(column) is None]:
@@ -214,9 +222,10 @@ class Scan:
         return f"{tally.count} of {self.rows} rows {wording}: {unit} {places}{more}"
 
 
-def check_data(ref: str, kind: str, field: str) -> str | None:
-    """What is wrong with `ref` as data for a `kind` stage, or None. A local file is read whole, once per
-    version of it; a builtin needs no reading, and a hub dataset is checked where it loads.
+def check_data(ref: str, kind: str, field: str, columns: dict[str, str] | None = None) -> str | None:
+    """What is wrong with `ref` as data for a `kind` stage, its columns renamed by `columns` (`data.columns`),
+    or None. A local file is read whole, once per version of it; a builtin needs no reading, and a hub
+    dataset is checked where it loads.
 
     `field` is taken for symmetry with `load_data` but unused: the caller puts the YAML path in front.
     """
@@ -224,10 +233,47 @@ def check_data(ref: str, kind: str, field: str) -> str | None:
         return None if ref[len(HUB_PREFIX) :].strip() else f"{ref}: name the dataset, as hf:org/name@split"
     try:
         if ref.startswith(BUILTIN_PREFIX):
-            return column_problem(ref, list(builtin(ref)[1]), kind)
-        return cached_scan(locate(ref), ref, kind)
+            return column_problem(ref, [(columns or {}).get(name, name) for name in builtin(ref)[1]], kind)
+        return cached_scan(locate(ref), ref, kind, columns or {})
     except DataError as error:
         return str(error)
+
+
+def first_row(ref: str) -> dict[str, Any] | None:
+    """The first row of a local file or `datasets` folder (None for a builtin, a hub dataset, or a file
+    with no readable first row); what `align plan` and the mapping check read."""
+    if ref.startswith((HUB_PREFIX, BUILTIN_PREFIX)):
+        return None
+    try:
+        path = locate(ref)
+        with progress_bar(path) as bar:
+            for _place, row, _error in row_source(path, bar)[2]:
+                return row if isinstance(row, dict) else None
+    except (DataError, OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def data_shape(ref: str, columns: dict[str, str] | None) -> str | None:
+    """What is done to the rows of `ref` before training (renames, a shape's conversion), in words."""
+    return describe(first_row(ref), columns)
+
+
+def columns_problem(ref: str, kind: str, columns: dict[str, str]) -> str | None:
+    """What is wrong with `data.columns` for `ref`, judged on its first row: a column it renames that the
+    file lacks, a name it already has, or renamed rows that still fit none of the `kind`'s formats."""
+    row = first_row(ref)
+    if row is None:
+        return None
+    try:
+        row = Normalizer(columns)(row)
+    except RowProblem as problem:
+        if problem.one.startswith(("lacks", "already has")):
+            return f"{ref}: its first row {problem}; it has: {', '.join(row)}"
+        return None  # a defect of the row itself: the scan reports it under the data split
+    if (problem := column_problem(ref, list(row), kind)) is not None:
+        return f"after renaming, {problem}"
+    return None
 
 
 def identity(path: Path) -> list[list[Any]]:
@@ -237,10 +283,12 @@ def identity(path: Path) -> list[list[Any]]:
     return [[str(file), stat.st_size, stat.st_mtime_ns] for file, stat in stats]
 
 
-def cached_scan(path: Path, ref: str, kind: str) -> str | None:
+def cached_scan(path: Path, ref: str, kind: str, columns: dict[str, str] | None = None) -> str | None:
     """`scan`'s verdict, read from the cache when this version of the file was scanned before."""
+    renames = columns or {}
     try:
-        key = digest({"ref": ref, "kind": kind, "files": identity(path), "format": SCAN_FORMAT})
+        files = identity(path)
+        key = digest({"ref": ref, "kind": kind, "files": files, "format": SCAN_FORMAT, "columns": renames})
     except OSError as error:
         raise DataError(f"{ref} cannot be read: {error.strerror}") from None
     entry = cache_root() / "data-checks" / f"{key}.json"
@@ -248,7 +296,7 @@ def cached_scan(path: Path, ref: str, kind: str) -> str | None:
         return json.loads(entry.read_text(encoding="utf-8"))["problem"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    problem = scan(path, ref, kind)
+    problem = scan(path, ref, kind, renames)
     try:
         write_atomically(entry, json.dumps({"ref": ref, "kind": kind, "problem": problem}))
     except OSError:
@@ -256,15 +304,20 @@ def cached_scan(path: Path, ref: str, kind: str) -> str | None:
     return problem
 
 
-def scan(path: Path, ref: str, kind: str) -> str | None:
-    """Check every row of the file (or `datasets` folder) at `path` for a `kind` stage: what is wrong, or
-    None. A file that cannot be opened raises; what its content gets wrong is the answer."""
-    found = Scan(kind)
+def scan(path: Path, ref: str, kind: str, renames: dict[str, str] | None = None) -> str | None:
+    """Check every row of the file (or `datasets` folder) at `path` for a `kind` stage, after `renames`
+    (`data.columns`) and the conversion of a known shape: what is wrong, or None. A file that cannot be
+    opened raises; what its content gets wrong is the answer."""
+    found = Scan(kind, normalize=Normalizer(renames))
     try:
         with progress_bar(path) as bar:
             found.unit, columns, rows = row_source(path, bar)
-            if columns is not None and (problem := column_problem(ref, columns, kind)) is not None:
-                return problem
+            if columns is not None and not {"conversations", "instruction"} & set(
+                columns
+            ):  # no shape to convert
+                problem = column_problem(ref, [(renames or {}).get(name, name) for name in columns], kind)
+                if problem is not None:
+                    return problem
             for place, row, error in rows:
                 found.check(place, row, error)
     except UnicodeDecodeError:

@@ -10,7 +10,7 @@ import sys
 
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 from align.data.loading import NO_EVAL
-from align.data.scan import check_data
+from align.data.scan import check_data, columns_problem
 from align.errors import Problem
 from align.models.loading import model_problem
 from align.pipeline.graph import order, reference_target, references
@@ -54,7 +54,10 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
             path = f"stages.{name}.data.{split}"
             if ref in (None, NO_EVAL):
                 continue
-            if (message := check_data(ref, KINDS[stage.kind].data, path)) is not None:
+            kind, columns = KINDS[stage.kind].data, stage.data.columns
+            if columns and (message := columns_problem(ref, kind, columns)) is not None:
+                problems.append(Problem(f"stages.{name}.data.columns", message))
+            elif (message := check_data(ref, kind, path, columns)) is not None:
                 problems.append(Problem(path, message))
     return problems
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
+from align.data.scan import data_shape
 from align.models.memory import format_bytes
 from align.models.precision import PURE, PURE_RISK, describe
 from align.planning.plan import Plan, StagePlan
@@ -62,6 +63,12 @@ def held_out_source(stage) -> str | None:
     return f"the eval split {data.eval}"
 
 
+def rows_conversion(stage: StagePlan) -> str | None:
+    """What is done to a training stage's rows before training (align/data/shapes.py), or None."""
+    data = getattr(stage.stage, "data", None)
+    return None if data is None else data_shape(data.train, data.columns)
+
+
 def precision_as_run(stage: StagePlan) -> str:
     """The precision with where the weights and Adam's moments live, e.g. `bf16 (mixed: fp32 weights ...)`."""
     lora = getattr(stage.stage, "lora", None) is not None
@@ -82,6 +89,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"    why {stage.backend}: {stage.backend_reason}")
         if (held_out := held_out_source(stage)) is not None:
             lines.append(f"    held out: {held_out}")
+        if (shape := rows_conversion(stage)) is not None:
+            lines.append(f"    data: {shape}")
         if stage.batching is not None:
             lines.append(f"    batching: {stage.batching[0]} ({stage.batching[1]})")
         if stage.lora_targets is not None:

@@ -186,14 +186,14 @@ def stage_data(ctx: StageContext) -> tuple[Any, Any]:
     training and measured instead: numbers called held out never come from rows trained on. `eval: none`
     turns the held-out measurement off."""
     stage, kind, where = ctx.plan.stage, ctx.plan.data_kind, ctx.plan.where
-    train = explicit_prompt(load_data(stage.data.train, kind, f"{where}.data.train"))
+    train = explicit_prompt(load_data(stage.data.train, kind, f"{where}.data.train", stage.data.columns))
     if stage.data.max_train_rows:
         train = train.select(range(min(stage.data.max_train_rows, len(train))))
     if stage.data.eval == NO_EVAL:
         return train, None
     if stage.data.eval is None:
         return held_out_slice(train, ctx.plan.seed)
-    evaluation = explicit_prompt(load_data(stage.data.eval, kind, f"{where}.data.eval"))
+    evaluation = explicit_prompt(load_data(stage.data.eval, kind, f"{where}.data.eval", stage.data.columns))
     if stage.data.max_eval_rows:
         evaluation = evaluation.select(range(min(stage.data.max_eval_rows, len(evaluation))))
     return train, evaluation
