@@ -105,6 +105,12 @@ bench-gpu: $(SETUP)
 bench-overhead: $(SETUP)
 	$(OFFLINE) $(PY) bench/overhead.py
 
+# A large SFT file through align and through plain TRL, cold and warm, at 200k and 2M generated rows: wall
+# time and peak RSS (about 40 min on 2 cores); writes bench/results/data-cpu.md
+.PHONY: bench-data
+bench-data: $(SETUP)
+	$(OFFLINE) $(PY) bench/data.py
+
 # validate/plan wall time, warm and cold, against a bare interpreter and `import torch` (about 1 min)
 bench-cli: $(SETUP)
 	$(OFFLINE) $(PY) bench/cli.py

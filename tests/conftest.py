@@ -22,6 +22,7 @@ SLOW_SUITES = {
     "test_data_formats",
     "test_data_shapes",
     "test_families",
+    "test_data_cache",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
 submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs and the stage per data

@@ -2,18 +2,26 @@
 
 A ref is a builtin (`align:chatterbot/sft/train`), a .jsonl/.json/.parquet file, or a folder written
 by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `align.data.scan` checks every row
-before anything loads; `load_data` needs no network and no `datasets` cache.
+before anything loads.
+
+Files load through `datasets`' own json and parquet builders into Arrow files under `datasets_cache()`, and
+are memory-mapped from there: a rank holds the rows it reads, not the file, and every later `map` over them
+(align's conversions, TRL's tokenization, the padding-free cut) is written beside them as a cache file keyed
+by its fingerprint. A rerun, a `--force`, a retry, another stage reading the file the same way, or another
+rank (TRL prepares on the main rank first) then reads what was prepared instead of preparing it again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
 from pathlib import Path
-from typing import IO, Any
+from types import SimpleNamespace
+from typing import Any
 
-from align.cache import exists, is_dir, user_path
+from align.cache import cache_root, exists, is_dir, user_path
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
+from align.data.rows import row_source
 from align.data.shapes import Normalizer, RowProblem, detect, suggest_columns
 from align.errors import DataError
 from align.fingerprint import digest, file_digest
@@ -154,65 +162,45 @@ def data_identity(ref: str, field: str) -> str:
     return ref if ref.startswith(HUB_PREFIX) else file_digest(resolve_data(ref, field))
 
 
+def datasets_cache() -> Path:
+    """`$HF_DATASETS_CACHE`, else align's cache folder; one subfolder per datasets, transformers and TRL
+    version, so that an upgrade never reads rows another version prepared."""
+    import importlib.metadata
+
+    root = Path(os.environ.get("HF_DATASETS_CACHE") or cache_root() / "datasets")
+    versions = "-".join(importlib.metadata.version(name) for name in ("datasets", "transformers", "trl"))
+    return root / versions
+
+
 def read_dataset(path: Path, ref: str) -> Any:
+    """The rows of a file or `datasets` folder as a memory-mapped Arrow dataset."""
     import pyarrow
-    import pyarrow.parquet as pq
-    from datasets import Dataset, load_from_disk
+    from datasets import load_dataset, load_from_disk
+    from datasets.exceptions import DatasetGenerationError
 
     try:
         if is_dir(path):
             return load_from_disk(str(path))
-        if path.suffix == ".parquet":
-            return Dataset(pq.read_table(path))
-        with open_text(path, ref) as file:
-            return Dataset.from_list(list(json_rows(file, ref)))
-    except (OSError, pyarrow.ArrowException) as error:
-        raise DataError(f"{ref} cannot be read: {error}") from None
-
-
-def open_text(path: Path, ref: str) -> IO[str]:
-    try:
-        return path.open(encoding="utf-8")
-    except OSError as error:
-        raise DataError(f"{ref} cannot be read: {error.strerror}") from None
-
-
-def json_rows(file: IO[str], ref: str) -> Iterator[dict]:
-    """Rows of JSON lines, or of one JSON array; errors name the line so the user can fix it."""
-    try:
-        if file.read(4096).lstrip().startswith("["):
-            file.seek(0)
-            yield from array_rows(file, ref)
-            return
-        file.seek(0)
-        for number, line in enumerate(file, 1):
-            if line.strip():
-                yield json_object(line, ref, number)
-    except UnicodeDecodeError:
-        raise DataError(f"{ref} is not UTF-8 text") from None
-
-
-def array_rows(file: IO[str], ref: str) -> Iterator[dict]:
-    try:
-        rows = json.load(file)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{ref} line {error.lineno} is not valid JSON ({error.msg})") from None
-    for index, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise DataError(f"{ref} item {index} is a JSON {type(row).__name__}; each row must be an object")
-        yield row
-
-
-def json_object(line: str, ref: str, number: int) -> dict:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
+        builder = "parquet" if path.suffix == ".parquet" else "json"
+        return load_dataset(builder, data_files=str(path), split="train", cache_dir=str(datasets_cache()))
+    except (OSError, pyarrow.ArrowException, DatasetGenerationError) as error:
         raise DataError(
-            f"{ref} line {number} is not valid JSON ({error.msg}); each line must hold one JSON object"
+            first_bad_row(path, ref) or f"{ref} cannot be read: {error.__cause__ or error}"
         ) from None
-    if not isinstance(row, dict):
-        raise DataError(f"{ref} line {number} is a JSON {type(row).__name__}; each line must be an object")
-    return row
+
+
+def first_bad_row(path: Path, ref: str) -> str | None:
+    """Where a file `datasets` could not load breaks, by its line (the scan does this for `align validate`;
+    this is for a file loaded without one)."""
+    place, _, rows = row_source(path, SimpleNamespace(update=lambda _: None))
+    for where, row, error in rows:
+        if error is not None:
+            return (
+                f"{ref} {place} {where} is not valid JSON ({error}); each {place} must hold one JSON object"
+            )
+        if not isinstance(row, dict):
+            return f"{ref} {place} {where} is a JSON {type(row).__name__}; each {place} must be an object"
+    return None
 
 
 def missing_columns(columns: list[str], kind: str) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from align.pipeline.trl_args import config_class, field_types
 from align.stages.context import (
     StageContext,
     load_stage_model,
@@ -59,6 +60,23 @@ class Preamble:
         }
 
 
+LARGE_DATA_ROWS = 10_000
+"""From this many training rows, TRL prepares (tokenizes) them in as many processes as the rank has CPUs;
+below it, starting the processes costs more than they save."""
+
+
+def data_processes(ctx: StageContext, rows: int) -> dict[str, int]:
+    """TRL's `dataset_num_proc` for a large dataset, unless the `trl:` block sets it: the rank's CPUs, as
+    its worker set torch's threads to them. Preparing runs once (it is cached), before training."""
+    import torch
+
+    cpus = torch.get_num_threads()
+    settable = "dataset_num_proc" in field_types(config_class(ctx.plan.kind))  # not GRPO's, nor align's PPO
+    if rows < LARGE_DATA_ROWS or cpus < 2 or not settable or "dataset_num_proc" in ctx.plan.stage.trl:
+        return {}
+    return {"dataset_num_proc": cpus}
+
+
 def preamble(
     ctx: StageContext,
     overrides: dict[str, Any] | None = None,
@@ -70,8 +88,9 @@ def preamble(
     the trainer is built. `eval_on_start`: TRL evaluates the held-out rows at the start of train(), where
     every backend can evaluate (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)."""
     train, evaluation = stage_data(ctx)
+    overrides = {**data_processes(ctx, len(train)), **(overrides or {})}
     if eval_on_start:
-        overrides = {"eval_on_start": evaluation is not None, **(overrides or {})}
+        overrides = {"eval_on_start": evaluation is not None, **overrides}
     return Preamble(
         ctx, train, evaluation, stage_config(ctx, overrides), stage_tokenizer(ctx, padding_side=padding_side)
     )

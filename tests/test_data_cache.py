@@ -1,0 +1,67 @@
+"""Data prepared once: a file loads into memory-mapped Arrow files under the `datasets` cache, and every
+map over it (TRL's tokenization, the padding-free cut) is cached beside them, so a `--force` rerun and a
+second rank read what was prepared instead of preparing it again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.pipelines import logged_losses, run, stage_folder, write_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def conversations(path: Path, count: int) -> Path:
+    with path.open("w") as out:
+        for index in range(count):
+            turns = [
+                {"role": "user", "content": f"What is {index} plus {index}?"},
+                {"role": "assistant", "content": f"{index} plus {index} is {2 * index}."},
+            ]
+            out.write(json.dumps({"messages": turns}) + "\n")
+    return path
+
+
+def arrow_files(cache: Path) -> dict[str, float]:
+    """Every Arrow file the `datasets` cache holds, with when it was written."""
+    return {str(path.relative_to(cache)): path.stat().st_mtime for path in cache.rglob("*.arrow")}
+
+
+def sft_pipeline(folder: Path, rows: Path, workers: int) -> Path:
+    sft = {
+        "kind": "sft",
+        "data": {"train": str(rows)},
+        "trl": {"max_steps": 3, "per_device_train_batch_size": 4, "logging_steps": 1, "report_to": []},
+    }
+    return write_pipeline(folder, "cached", {"sft": sft}, workers=workers, seed=0, precision="fp32")
+
+
+def test_a_forced_rerun_reads_the_prepared_rows_and_trains_the_same(tmp_path, monkeypatch):
+    cache = tmp_path / "datasets-cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    path = sft_pipeline(tmp_path, conversations(tmp_path / "rows.jsonl", 400), workers=1)
+    run(path)
+    prepared = arrow_files(cache)
+    first = logged_losses(stage_folder(path, "sft"))
+    assert len(prepared) >= 3  # the file's Arrow copy, the held-out split, the tokenized rows
+
+    run(path, "--force", "sft")
+    assert arrow_files(cache) == prepared  # nothing converted, split or tokenized again
+    assert logged_losses(stage_folder(path, "sft")) == first
+
+
+def test_two_ranks_share_one_preparation(tmp_path, monkeypatch):
+    """TRL prepares on the main rank first and the other rank then finds its cache files (the fingerprints
+    do not depend on the rank): a 2-rank stage leaves exactly the files a 1-rank stage does."""
+    rows = conversations(tmp_path / "rows.jsonl", 400)
+    one, two = tmp_path / "one-rank", tmp_path / "two-ranks"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(one))
+    run(sft_pipeline(tmp_path / "a", rows, workers=1))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(two))
+    run(sft_pipeline(tmp_path / "b", rows, workers=2))
+    assert sorted(arrow_files(two)) == sorted(arrow_files(one))
