@@ -75,25 +75,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from align.pipeline.file import resolved
+    from align.report.console import format_package
+    from align.run import package
     from align.run.launch import worker_env
     from align.run.lock import check_free
     from align.run.records import pipeline_dir
-    from align.run.submit import outside_project, submit
+    from align.run.submit import submit
 
     pipeline = build_plan(args).pipeline  # refuse here what `validate` refuses, before it reaches the cluster
     check_free(pipeline_dir(pipeline.defaults.output_root, pipeline.name))  # a run here holds it
-    elsewhere = outside_project(args.file, pipeline.model_dump(mode="json"), Path.cwd())
-    if elsewhere:
-        print("note: only this folder travels with the job; these paths must exist on the cluster too:")
-        print("\n".join(f"  {path}" for path in elsewhere))
+    packed = package.build(Path(args.file), resolved(Path(args.file), args.set), pipeline, args.pack_limit)
+    print(format_package(packed))
     job_id = submit(
         args.address,
-        args.file,
-        overrides=args.set,
+        packed.folder,
+        packed.pipeline_file,
         only=args.stage,
         force=args.force,
-        project=Path.cwd(),
-        env=worker_env([]),  # the job's working directory is the shipped project
+        env=worker_env([]),  # the job's working directory is the packed folder
     )
     print(job_id)
     return 0
@@ -146,6 +146,16 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     else:
         print(resolve_model("tiny"))
     return 0
+
+
+def byte_count(value: str) -> int:
+    """An argparse type: `100MB`, `1GiB`... (a bad value is a usage error naming the option, exit 2)."""
+    from align.models.memory import parse_memory
+
+    try:
+        return parse_memory(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size: write e.g. 100MB or 1GiB") from None
 
 
 def stage_names(sub: argparse.ArgumentParser, flag: str, help_text: str) -> None:
@@ -203,6 +213,13 @@ def parser() -> argparse.ArgumentParser:
         if name == "submit":
             sub.add_argument(
                 "--address", required=True, help="the cluster's dashboard, e.g. http://HOST:8265"
+            )
+            sub.add_argument(
+                "--pack-limit",
+                type=byte_count,
+                default="100MB",
+                help="local files (data, configs) sent with the job, in all (default 100MB); larger ones "
+                "and model folders must be on storage every node sees",
             )
     dashboard = os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265")
     status = commands.add_parser(

@@ -1,5 +1,6 @@
 """`align submit` against a real Ray head on loopback: the job runs the pipeline and succeeds."""
 
+import json
 import os
 import shutil
 import signal
@@ -25,9 +26,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "align.cli", *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "align.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=cwd,
     )
 
 
@@ -102,22 +108,43 @@ def ray_head():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_submit_runs_the_pipeline_as_a_ray_job(tmp_path, ray_head):
+def test_a_submission_from_outside_the_project_carries_its_data(tmp_path, ray_head):
+    """Submitted from a folder of the user's own, with the data beside the pipeline file (a relative path):
+    the file travels with the job, the job runs it on the cluster and writes under the output root."""
     address, env = ray_head
-    path = write_pipeline(tmp_path, "submitted", {"sft": stage("sft", steps=3)})
-    submitted = cli("submit", str(path), "--address", address, env=env)
+    (tmp_path / "rows.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"Say {n}."},
+                        {"role": "assistant", "content": f"{n}."},
+                    ]
+                }
+            )
+            + "\n"
+            for n in range(64)
+        )
+    )
+    sft = stage("sft", steps=3, data={"train": "rows.jsonl"})
+    path = write_pipeline(tmp_path, "submitted", {"sft": sft})
+    submitted = cli("submit", path.name, "--address", address, env=env, cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
+    assert "sent with the job: submitted.yaml" in submitted.stdout
+    assert "-rows.jsonl" in submitted.stdout and "defaults.output_root" in submitted.stdout
     job_id = submitted.stdout.strip().splitlines()[-1]
 
     deadline = time.time() + 600
     status = ""
     while time.time() < deadline and status not in ("SUCCEEDED", "FAILED", "STOPPED"):
         time.sleep(3)
-        status = cli("status", job_id, "--address", address, env=env).stdout.strip()
-    logs = cli("logs", job_id, "--address", address, env=env).stdout
+        status = cli("status", job_id, "--address", address, env=env, cwd=tmp_path).stdout.strip()
+    logs = cli("logs", job_id, "--address", address, env=env, cwd=tmp_path).stdout
     assert status == "SUCCEEDED", logs[-4000:]
     assert "[sft] done" in logs
-    assert stage_record(path, "sft")["status"] == "succeeded"
+    record = stage_record(path, "sft")
+    assert record["status"] == "succeeded"
+    assert record["config"]["data"]["train"].endswith("-rows.jsonl")  # the packed copy the job read
 
 
 def test_submit_refuses_a_broken_file_before_reaching_the_cluster(tmp_path):

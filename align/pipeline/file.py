@@ -197,18 +197,22 @@ def backend_problems(header: Header | None, stages: dict[str, StageBase]) -> lis
     ]
 
 
-def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
-    """Read, override and validate a pipeline file; every problem is reported at once. The file's paths
-    are taken from its folder, those of `overrides` from the working directory."""
-    path = Path(path)
-    folder = user_path(str(path.parent))
+def resolved(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """The file as YAML data with `overrides` applied and every path absolute: the file's from its folder,
+    those of `overrides` from the working directory. What `load` parses, and what `align submit` ships."""
     raw = read_yaml(path)
     defaults = raw.setdefault("defaults", {})
     if isinstance(defaults, dict):  # the default output_root counts as written in the file
         defaults.setdefault("output_root", Defaults().output_root)
+    raw = resolve_paths(raw, (), user_path(str(path.parent)))
+    apply_overrides(raw, overrides, Path(os.getcwd()))
+    return raw
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
+    """Read, override and validate a pipeline file; every problem is reported at once."""
+    path = Path(path)
     try:
-        raw = resolve_paths(raw, (), folder)
-        apply_overrides(raw, overrides or [], Path(os.getcwd()))
-        return parse(raw, source_dir=str(folder))
+        return parse(resolved(path, overrides or []), source_dir=str(user_path(str(path.parent))))
     except ConfigError as err:
         raise ConfigError(err.problems, source=str(path)) from None

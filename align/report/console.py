@@ -7,6 +7,7 @@ from align.data.scan import data_shape
 from align.models.memory import format_bytes
 from align.models.precision import PURE, PURE_RISK, describe
 from align.planning.plan import Plan, StagePlan
+from align.run.package import Package
 
 SHOWN_METRICS = (
     "train_loss_first",
@@ -168,3 +169,13 @@ class ProgressLine:
         if self.drawn:
             self.stream.write("\n")
             self.drawn = False
+
+
+def format_package(package: Package) -> str:
+    """What travels with a submitted job, and what must already be on storage the cluster's nodes see."""
+    lines = [f"sent with the job: {package.pipeline_file}"]
+    lines += [f"  {name} ({format_bytes(size)})" for name, size in package.packed]
+    if package.shared:
+        lines.append("not sent: these must exist at the same path on every node of the cluster:")
+        lines += [f"  {where}: {path} ({why})" for where, path, why in package.shared]
+    return "\n".join(lines)

@@ -6,40 +6,11 @@ import logging
 import shlex
 import time
 from pathlib import Path
-from typing import Any
 
 from align.errors import AlignError
 
 AGENT_WAIT_S = 120
-# Folders that never travel with the job: environments, outputs, caches, version control.
-EXCLUDES = [
-    ".venv",
-    "runs",
-    ".git",
-    ".cache",
-    "**/__pycache__",
-    ".pytest_cache",
-    ".ruff_cache",
-    "bench/results",
-]
-
-
-def local_paths(value: Any) -> list[str]:
-    """Every absolute path in a resolved pipeline (data, models, configs, output root) that exists here."""
-    if isinstance(value, dict):
-        return [path for item in value.values() for path in local_paths(item)]
-    if isinstance(value, list):
-        return [path for item in value for path in local_paths(item)]
-    if isinstance(value, str) and value.startswith("/") and Path(value.split("@")[0]).exists():
-        return [value]
-    return []
-
-
-def outside_project(pipeline_file: str, resolved: dict[str, Any], project: Path) -> list[str]:
-    """What the job finds on the cluster only if it shares this machine's files: only the project folder
-    travels with the job, so the pipeline file or any path it names outside that folder must exist there."""
-    paths = {str(Path(pipeline_file).resolve()), *local_paths(resolved)}
-    return sorted(path for path in paths if not Path(path).is_relative_to(project))
+ALIGN_PACKAGE = Path(__file__).resolve().parents[1]  # align itself, shipped as a py_module
 
 
 def client(address: str):
@@ -58,18 +29,16 @@ def client(address: str):
 
 def submit(
     address: str,
+    folder: Path,
     pipeline_file: str,
     *,
-    overrides: list[str],
     only: list[str],
     force: list[str],
-    project: Path,
     env: dict[str, str],
 ) -> str:
-    """Submit `align run` of the same file, with the project as working_dir; returns the job id."""
+    """Submit `align run` of the packed pipeline file (align/run/package.py), with `folder` as the job's
+    working directory and this align as a module of its environment; returns the job id."""
     args = ["python", "-m", "align.cli", "run", pipeline_file]
-    for item in overrides:
-        args += ["--set", item]
     for name in only:
         args += ["--stage", name]
     for name in force:
@@ -78,8 +47,9 @@ def submit(
     # and a job-level env_vars would clash with that when the driver joins the cluster.
     assignments = [f"{key}={shlex.quote(value)}" for key, value in env.items()]
     entrypoint = " ".join([*assignments, shlex.join(args)])
-    runtime_env = {"working_dir": str(project), "excludes": EXCLUDES}
-    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per file packed into working_dir
+    runtime_env = {"working_dir": str(folder), "py_modules": [str(ALIGN_PACKAGE)]}
+    for name in ("ray", "ray._private.runtime_env.packaging"):  # not a line per folder packed
+        logging.getLogger(name).setLevel(logging.WARNING)
     jobs = client(address)
     deadline = time.monotonic() + AGENT_WAIT_S
     while True:
