@@ -20,7 +20,7 @@ SLOW_SUITES = {
     "test_kto",
     "test_seeding",
     "test_data_formats",
-    "test_data_shapes",
+    "test_data_shapes_train",
     "test_families",
     "test_data_cache",
 }
