@@ -9,7 +9,7 @@ PIPELINE ?= $(DEMO)
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo test test-slow test-faults test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean chromium
+.PHONY: setup demo test test-slow test-faults test-cluster test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean chromium
 
 setup: $(SETUP)
 
@@ -31,13 +31,17 @@ demo: $(SETUP)
 # submit and smollm2 (tests/conftest.py SLOW_SUITES), and the slower injected `faults` (tests/test_faults.py).
 # `make test-slow` and `make test-faults` run them; CI runs all three.
 test: $(SETUP)
-	$(OFFLINE) $(PY) -m pytest -q -m "not slow and not faults"
+	$(OFFLINE) $(PY) -m pytest -q -m "not slow and not faults and not cluster"
 
 test-slow: $(SETUP)
 	$(OFFLINE) $(PY) -m pytest -q -m "slow and not faults"
 
 test-faults: $(SETUP)
-	$(OFFLINE) $(PY) -m pytest -q -m faults
+	$(OFFLINE) $(PY) -m pytest -q -m "faults and not cluster"
+
+# A real multi-node Ray on loopback (two `ray start` nodes of one CPU each): tests/test_cluster.py
+test-cluster: $(SETUP)
+	$(OFFLINE) $(PY) -m pytest -q -m cluster
 
 test-all: $(SETUP)
 	$(OFFLINE) $(PY) -m pytest -q

@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from align.errors import AlignError, Interrupted, StageFailed
+from align.errors import AlignError, ConfigError, Interrupted, StageFailed
 
 EXIT_USER_ERROR = 2
 
@@ -50,6 +50,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from align.run.controller import run_plan
 
     plan = build_plan(args)
+    if not (args.address or os.environ.get("RAY_ADDRESS")):
+        refuse_what_this_machine_cannot_hold(plan)
     progress = ProgressLine(sys.stdout)
     try:
         outcomes = run_plan(
@@ -72,6 +74,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.end()
     print(format_outcomes(outcomes))
     return 0
+
+
+def refuse_what_this_machine_cannot_hold(plan) -> None:
+    """A run on this machine's Ray (embedded, or a head started here) whose stage asks for more than the
+    machine has would wait for nothing: refused before Ray starts, each in one line."""
+    from align.planning.resources import local_problems
+
+    gpus = 0
+    if plan.hardware.accelerator:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    problems = [
+        problem
+        for name, stage in plan.stages.items()
+        for problem in local_problems(name, stage.resources, gpus)
+        if stage.resources is not None
+    ]
+    if problems:
+        raise ConfigError(problems)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -248,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
 
 def stop_on(signum: int, frame: object) -> None:
     """SIGINT and SIGTERM stop the run the same way: unwinding, so each stage is set aside cleanly."""
+    Interrupted.received = signum
     raise Interrupted(signum)
 
 
@@ -268,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as err:
         print("interrupted", file=sys.stderr)
-        return 128 + getattr(err, "signum", signal.SIGINT)
+        return 128 + getattr(err, "signum", Interrupted.received)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ class StageFailed(Exception):
 class Interrupted(KeyboardInterrupt):
     """The run was stopped by a signal (Ctrl-C, SIGTERM); the CLI exits 128 + its number."""
 
+    received = 2  # the last signal that stopped the run: Ray turns the exception it interrupts into its own
+
     def __init__(self, signum: int, message: str = "") -> None:
         super().__init__(message)
         self.signum = signum

@@ -81,14 +81,25 @@ def sharding_facts(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
 
 
 def peaks() -> dict[str, int | None]:
-    """This process's peak resident memory (Linux reports KiB), and the peak bytes torch allocated on its
-    accelerator (None on CPU)."""
+    """This process's peak resident memory (Linux reports KiB), its anonymous memory now (what it allocated,
+    without the pages of memory-mapped files such as the Arrow datasets, which the kernel takes back under
+    pressure; None off Linux), and the peak bytes torch allocated on its accelerator (None on CPU)."""
     import resource
 
     return {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "anonymous_bytes": anonymous_bytes(),
         "peak_device_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
     }
+
+
+def anonymous_bytes() -> int | None:
+    try:
+        rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in rollup[1:] if ":" in line)
+    return int(fields["Anonymous"].split()[0]) * 1024 if "Anonymous" in fields else None
 
 
 class ShardingReport(TrainerCallback):

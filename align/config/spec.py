@@ -102,6 +102,18 @@ class FSDPSpec(Strict):
     prefetch: bool = True
 
 
+class ResourcesSpec(Strict):
+    """What each rank of a stage asks Ray for. A stage reserves one bundle per rank, all or nothing (a Ray
+    placement group), and waits at most `wait_s` for it."""
+
+    cpus_per_worker: Annotated[float, Field(gt=0)] | None = None
+    """Default: this machine's cores shared by the ranks of a CPU stage on an embedded Ray; 1 on a cluster."""
+    gpus_per_worker: Annotated[float, Field(ge=0)] | None = None  # default: 1 where GPUs exist, else 0
+    custom: dict[str, Annotated[float, Field(gt=0)]] = {}  # Ray custom resources, e.g. {A100: 1}
+    strategy: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+    wait_s: Annotated[float, Field(gt=0)] = 600.0
+
+
 class StageBase(Strict):
     """What every stage kind shares: its input model, where it runs, and on how many workers."""
 
@@ -116,6 +128,9 @@ class StageBase(Strict):
     fsdp: FSDPSpec = FSDPSpec()
     max_failures: Annotated[int, Field(ge=0)] | None = None
     checkpoint_minutes: Annotated[float, Field(gt=0)] | None = None
+    resources: ResourcesSpec | None = Field(default=None, exclude=True)
+    """Its keys over `defaults.resources`; where a stage runs does not change what it computes, so it is
+    left out of the stage's fingerprint."""
 
 
 class TrainingStage(StageBase):
@@ -253,6 +268,7 @@ class Defaults(Strict):
     device_memory: str | None = None  # e.g. "80GB"; detected when absent
     max_failures: Annotated[int, Field(ge=0)] = 2  # lost workers retried from the latest checkpoint
     checkpoint_minutes: Annotated[float, Field(gt=0)] = 30.0  # a checkpoint at least this often
+    resources: ResourcesSpec = ResourcesSpec()
 
 
 class Pipeline(Strict):
@@ -276,6 +292,15 @@ class Pipeline(Strict):
         """Where a reward function of the user's own imports from: the directory `align` runs in, then the
         pipeline file's folder. Validate imports it from there, and the workers need them on PYTHONPATH."""
         return list(dict.fromkeys(filter(None, [os.getcwd(), self.source_dir])))
+
+    def stage_resources(self, name: str) -> ResourcesSpec:
+        """`defaults.resources` with the keys the stage's own `resources:` sets."""
+        own = self.stages[name].resources
+        if own is None:
+            return self.defaults.resources
+        return self.defaults.resources.model_copy(
+            update={key: getattr(own, key) for key in own.model_fields_set}
+        )
 
     def stage_setting(self, name: str, key: str) -> Any:
         """A stage's own value for a setting it shares with `defaults`, else the pipeline default."""

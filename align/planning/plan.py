@@ -24,6 +24,7 @@ from align.pipeline.graph import order, reference_target, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
 from align.planning.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
+from align.planning.resources import Request, stage_request
 
 PROMPT_TOKENS = 512
 """The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
@@ -75,6 +76,7 @@ class StagePlan:
     checkpoint_minutes: float = 30.0
     batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/data/batching.py
     lora_targets: LoraTargets | None = None  # `lora.target_modules` resolved against the model's modules
+    resources: Request | None = None  # what each rank asks Ray for (align/planning/resources.py)
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -192,9 +194,8 @@ def sequence_length(stage: StageBase) -> int:
 
 
 def auto_order(lora: bool, workers: int) -> tuple[str, ...]:
-    """The backends `auto` tries, best first: ZeRO-2 for LoRA/QLoRA (the adapters' states are small, the
-    base is frozen), then FSDP, which shards the frozen base too when a replica of it does not fit; DDP on
-    one rank; ZeRO-2 then FSDP for full parameters on several."""
+    """The backends `auto` tries, best first: for LoRA/QLoRA ZeRO-2 (small adapter states), then FSDP
+    (the base sharded too, where no replica fits); DDP on one rank; ZeRO-2 then FSDP for full parameters."""
     if lora:
         return ("zero2", "fsdp", "ddp")
     return ("ddp", "zero2") if workers == 1 else ("zero2", "fsdp")
@@ -277,7 +278,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
 
     requested = pipeline.stage_setting(name, "backend")
     if not trains:  # a `defaults.backend` is for the training stages
-        requested, reason = "ddp", "a merge runs in one process"
+        requested, reason = "ddp", f"a {stage.kind} runs in one process"
     elif requested == "auto":
         what = (
             describe_workload(
@@ -331,6 +332,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         remote_code=pipeline.allow_custom_code,
         batching=sft_batching(stage.trl) if stage.kind == "sft" else None,
         lora_targets=targets,
+        resources=stage_request(pipeline, name, workers, hardware.accelerator),
     )
 
 
@@ -342,7 +344,7 @@ def lora_targets(stage: StageBase, where: str, arch: Architecture | None) -> Lor
         return None
     named = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
     if arch is None:
-        shown = named if isinstance(named, str) else ", ".join(named)
+        shown = ", ".join(named) if isinstance(named, tuple) else named
         return LoraTargets(named, summary=f"{shown} (checked against the model once it is present)")
     try:
         return arch.resolve_lora(named)

@@ -7,8 +7,8 @@ workers) and publish its folder when it ends.
 
 from __future__ import annotations
 
-import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -24,7 +24,7 @@ from align.pipeline.graph import downstream, reference_target, upstream
 from align.planning.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
 from align.run import records
 from align.run.disk import check_space, probe_writable
-from align.run.launch import LostWorkers, connect, disconnect, ray_launch, worker_env
+from align.run.launch import LostWorkers, connect, connected, disconnect, ray_launch, worker_env
 from align.run.lock import RunLock, run_lock
 from align.run.worker import RESULT
 from align.run.workers import GroupShape, WarmWorkers
@@ -169,6 +169,7 @@ def run_stage(
         ended=time.time(),
         metrics=result["metrics"],
         samples=result.get("samples", []),
+        ranks=result.get("ranks", []),  # where each rank ran: node, GPUs, local rank
         output=output_of(result, inputs, folder),
         resumed_from=resumed_from,
         steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),
@@ -219,7 +220,7 @@ def with_kept_folder(err: BaseException, stage: str, kept: Path) -> BaseExceptio
             f"checkpoint at step {checkpoint[0]}" if checkpoint else "no checkpoint yet, so it starts over"
         )
         return Interrupted(
-            getattr(err, "signum", signal.SIGINT), f"stage '{stage}' stopped ({where}); kept in {kept}"
+            getattr(err, "signum", Interrupted.received), f"stage '{stage}' stopped ({where}); kept in {kept}"
         )
     if isinstance(err, OSError):
         return AlignError(f"{err.filename or kept}: {err.strerror}; partial outputs kept in {kept}")
@@ -262,7 +263,7 @@ def run_plan(
     outcomes = []
     with (
         run_lock(pipeline_folder, command) as lock,
-        ray_launcher(plan, lock, address, verbose, on_progress) as ray,
+        ray_launcher(plan, lock, address, verbose, on_event, on_progress) as (ray, start_ray),
     ):
         if lock.stopped:
             on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
@@ -282,6 +283,8 @@ def run_plan(
                 continue
             stage = priced_at_launch(plan.pipeline, stage)
             check_space(stage, pipeline_folder)
+            if launch is ray:
+                start_ray(stage)  # its one line (which Ray) before the first stage's
             on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
             record = run_stage(
                 plan, stage, stamp, folders[name], launch, restart=name in restart, on_event=on_event
@@ -298,20 +301,33 @@ def ray_launcher(
     lock: RunLock,
     address: str | None,
     verbose: bool,
+    on_event: Event,
     on_progress: Callable[[str, dict[str, Any]], None],
-) -> Iterator[Launcher]:
+) -> Iterator[tuple[Launcher, Callable[[StagePlan], None]]]:
     """`ray_launch` on the run's warm workers (one group, kept across stages of its shape), noting the
     processes of the embedded Ray under the run's lock, so that a later run can stop them should this
     driver be killed. Ray starts with the first stage that runs (a run that skips every stage never
-    starts it) and stops, with the workers, before the run's lock is released."""
-    workers = WarmWorkers(worker_env(plan.pipeline.module_roots()))
+    starts it), says which Ray it is in one line, and stops, with the workers, before the run's lock is
+    released. A new group first proves that every rank reads the output root."""
+    workers = WarmWorkers(worker_env(plan.pipeline.module_roots()), on_event)
+    embedded = True
+
+    def start(stage: StagePlan) -> None:
+        nonlocal embedded
+        if not connected():
+            messages = records.pipeline_dir(plan.pipeline.defaults.output_root, plan.pipeline.name)
+            embedded, which = connect(address, verbose, messages / "ray-messages.log")
+            on_event(which)
 
     def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
-        messages = scratch.parent / "ray-messages.log"
-        connect(address, verbose, messages)
-        group = workers.group_for(GroupShape(stage.workers, plan.hardware.accelerator))
+        start(stage)
+        shape = GroupShape.of(stage, plan.hardware.accelerator, embedded)
+        fresh = workers.group is None or workers.group.stopped or workers.group.shape != shape
+        group = workers.group_for(shape, stage.name)
         lock.note_processes()
-        return ray_launch(
+        if fresh:
+            check_shared(group, scratch.parent)
+        result = ray_launch(
             group,
             stage,
             scratch,
@@ -319,9 +335,26 @@ def ray_launcher(
             verbose=verbose,
             on_progress=lambda progress: on_progress(stage.name, progress),
         )
+        return {**result, "ranks": group.placement}
 
     try:
-        yield launch
+        yield launch, start
     finally:
         workers.stop()
         disconnect()
+
+
+def check_shared(group: Any, folder: Path) -> None:
+    """Every rank must see the output root: a rank on a node without it would write where nobody reads."""
+    probe, expected = folder / f".align-probe-{uuid.uuid4().hex}", uuid.uuid4().hex
+    probe.write_text(expected)
+    try:
+        unreadable = group.unreadable(str(probe), expected)
+    finally:
+        probe.unlink(missing_ok=True)
+    if unreadable:
+        nodes = sorted({group.placement[rank]["node_ip"] for rank in unreadable})
+        raise AlignError(
+            f"rank(s) {', '.join(map(str, unreadable))} on node(s) {', '.join(nodes)} cannot read {folder}: "
+            "the output root must be shared storage that every node mounts at the same path"
+        )

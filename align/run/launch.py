@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,28 +54,93 @@ def worker_env(module_roots: list[str]) -> dict[str, str]:
     return {**env, "TOKENIZERS_PARALLELISM": "false"}
 
 
-def connect(address: str | None, verbose: bool = False, messages: Path | None = None) -> None:
-    """Join the named cluster, or start an embedded local Ray: no dashboard, loopback only. Workers'
-    output goes to their log files; `verbose` streams it to the console as well. Otherwise Ray's own
-    messages to the driver (a worker died, ...) go to the file `messages`: align says it in one line.
-    The workers' environment is not Ray's `runtime_env` but handed to each worker as it starts
-    (align/run/workers.py): Ray's pre-started worker processes serve only the default environment."""
+def connect(address: str | None, verbose: bool = False, messages: Path | None = None) -> tuple[bool, str]:
+    """Join a Ray and say which, in one line; (whether it is an embedded one this run started, the line).
+
+    `address`, else `RAY_ADDRESS`, else a head already running on this machine (the pointer `ray start`
+    leaves in Ray's temp folder, as `ray.init()` finds it), else an embedded Ray: no dashboard, loopback
+    only. A pointer whose head no longer answers (a killed head), or a head that refuses this driver (token
+    auth), is named and an embedded Ray starts instead. Workers' output goes to their log files; `verbose`
+    streams it too; Ray's own messages go to the file `messages`. Ray handles SIGTERM itself once it starts
+    (printing its C++ stack and exiting 1); align's handler is put back, so SIGTERM stops a run as Ctrl-C
+    does. The workers' environment is handed to each worker as it starts (align/run/workers.py)."""
     import ray
 
-    if ray.is_initialized():
-        return
     if messages is not None and not verbose:
         to_file(messages)
-    address = address or os.environ.get("RAY_ADDRESS")
-    # Ray's own INFO/WARNING chatter (and the state-API warnings it makes with no dashboard) is noise here
-    settings = {
-        "log_to_driver": verbose,
-        "logging_config": ray.LoggingConfig(log_level="ERROR"),
-    }
-    if address:
-        ray.init(address=address, **settings)
-    else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **settings)
+    settings = {"log_to_driver": verbose, "logging_config": ray.LoggingConfig(log_level="ERROR")}
+    named = address or os.environ.get("RAY_ADDRESS")
+    local_head = None if named else running_head()
+    note = ""
+    with align_handles_sigterm():
+        if named or local_head:
+            try:
+                ray.init(address=named or local_head, **settings)
+                nodes = len([node for node in ray.nodes() if node["Alive"]])
+                cpus = ray.cluster_resources().get("CPU", 0)
+                how = "named" if named else "already running on this machine"
+                where = f"{named or local_head} ({how})"
+                return False, f"ray: joined the cluster at {where}: {nodes} node(s), {cpus:g} CPUs"
+            except Exception as err:  # noqa: BLE001 - unreachable, refusing (auth), or another version
+                if named:
+                    raise AlignError(f"cannot join the Ray cluster at {named}: {first_line(err)}") from None
+                note = f" (a Ray head at {local_head} on this machine refused this driver: {first_line(err)})"
+        elif stale := stale_head():
+            note = (
+                f" (the pointer to a Ray head at {stale} left in Ray's temp folder is stale: no head answers)"
+            )
+        ray.init(
+            address="local",
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            **settings,
+        )
+    return True, f"ray: embedded on this machine, {os.cpu_count()} CPUs{note}"
+
+
+def first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def head_pointer() -> str | None:
+    """The address `ray start --head` left in Ray's temp folder, if any."""
+    folder = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
+    try:
+        return (folder / "ray_current_cluster").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def running_head() -> str | None:
+    pointer = head_pointer()
+    return pointer if pointer and answers(pointer) else None
+
+
+def stale_head() -> str | None:
+    pointer = head_pointer()
+    return pointer if pointer and not answers(pointer) else None
+
+
+@contextmanager
+def align_handles_sigterm() -> Iterator[None]:
+    """Put the driver's SIGTERM handler back after Ray installs its own, when there is one to put back."""
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
 
 
 def to_file(messages: Path) -> None:
@@ -87,6 +156,15 @@ def to_file(messages: Path) -> None:
             out.writelines(f"({data.get('pid', 'ray')}) {line}\n" for line in data.get("lines", []))
 
     ray_worker.print_to_stdstream = write
+
+
+def connected() -> bool:
+    """Whether this driver holds a Ray connection (without importing Ray for a run that never started one)."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return ray.is_initialized()
 
 
 def disconnect() -> None:

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import math
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from align.run.reservation import reserve
 
 WARM_IMPORTS = ("torch", "transformers", "trl", "peft", "align.stages.context", "align.stages.training")
 """What every stage imports, imported while the group starts rather than in the first stage."""
@@ -27,11 +31,20 @@ PROCESS_GROUP_TIMEOUT_S = 1800
 class StageWorker:
     """One rank: joins the group once, then runs stage after stage (`align.run.worker.train_loop`)."""
 
-    def where(self) -> tuple[str, list[str]]:
-        """This actor's node (IP) and the GPUs Ray gave it."""
+    def where(self) -> tuple[str, list[str], str]:
+        """This actor's node (IP), the GPUs Ray gave it, and the node's id."""
         import ray
 
-        return ray.util.get_node_ip_address(), [str(gpu) for gpu in ray.get_gpu_ids()]
+        node = ray.get_runtime_context().get_node_id()
+        return ray.util.get_node_ip_address(), [str(gpu) for gpu in ray.get_gpu_ids()], node
+
+    def can_read(self, path: str, expected: str) -> bool:
+        """Whether this rank sees the driver's output root: it reads back a probe the driver wrote there."""
+        try:
+            with open(path) as probe:
+                return probe.read() == expected
+        except OSError:
+            return False
 
     def free_port(self) -> int:
         with socket.socket() as probe:
@@ -93,6 +106,19 @@ class GroupShape:
 
     workers: int
     gpu: bool
+    bundle: tuple[tuple[str, float], ...]  # one rank's resources, as Ray's placement group bundle
+    strategy: str = "pack"
+    wait_s: float = 600.0
+
+    @classmethod
+    def of(cls, stage: Any, gpu: bool, embedded: bool) -> GroupShape:
+        """A stage's shape. A CPU rank that names no CPUs gets this machine's cores shared on an embedded
+        Ray (ranks may share a core: Ray takes fractions), one CPU on a cluster."""
+        request = stage.resources
+        cores = os.cpu_count() or 1
+        shared = math.floor(cores / stage.workers * 10_000) / 10_000 if embedded else 1.0
+        bundle = tuple(sorted(request.bundle(shared).items()))
+        return cls(stage.workers, gpu, bundle, request.strategy, request.wait_s)
 
 
 def rank_environments(places: list[tuple[str, list[str]]], master: tuple[str, int], gpu: bool) -> list[dict]:
@@ -122,33 +148,77 @@ def rank_environments(places: list[tuple[str, list[str]]], master: tuple[str, in
     return envs
 
 
+def rank_order(places: list[tuple[str, list[str], str]]) -> list[int]:
+    """Actor indices in rank order: ranks of one node together (nodes in first-seen order), then by GPU.
+    Nodes are told apart by id: nodes on one machine (or behind one NAT) can share an IP."""
+    nodes = list(dict.fromkeys(place[2] for place in places))
+    return sorted(range(len(places)), key=lambda i: (nodes.index(places[i][2]), places[i][1], i))
+
+
 class WorkerGroup:
-    """`shape.workers` actors in one process group, each with `env` (the driver's, align/run/launch.py
-    `worker_env`) and its rank's; `run` calls every rank and returns their futures."""
+    """`shape.workers` actors in one process group, each in its own bundle of a placement group reserved
+    all at once (align/run/reservation.py), with `env` (the driver's, align/run/launch.py `worker_env`) and
+    its rank's; `run` calls every rank and returns their futures. `placement` says where each rank runs."""
 
-    def __init__(self, shape: GroupShape, env: dict[str, str]) -> None:
+    def __init__(
+        self, shape: GroupShape, env: dict[str, str], stage: str, say: Callable[[str], None]
+    ) -> None:
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.shape = shape
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // shape.workers)
-        options = {"num_gpus": 1} if shape.gpu else {"num_cpus": cpus}
-        remote = ray.remote(max_restarts=0, max_concurrency=1, **options)(StageWorker)
-        self.actors = [remote.remote() for _ in range(shape.workers)]
-        places = ray.get([actor.where.remote() for actor in self.actors])
-        master = (places[0][0], ray.get(self.actors[0].free_port.remote()))
-        envs = [{**env, **rank} for rank in rank_environments(places, master, shape.gpu)]
-        backend = "nccl" if shape.gpu else "gloo"
-        self.joined = [a.join.remote(env, backend, cpus) for a, env in zip(self.actors, envs, strict=True)]
-        self.stopped = False
+        self.shape, self.stopped, self.actors = shape, False, []
+        bundle = dict(shape.bundle)
+        self.placement_group = reserve(stage, [bundle] * shape.workers, shape.strategy, shape.wait_s, say)
+        try:
+            custom = {key: value for key, value in bundle.items() if key not in ("CPU", "GPU")}
+            remote = ray.remote(max_restarts=0, max_concurrency=1)(StageWorker)
+            for index in range(shape.workers):
+                strategy = PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=index
+                )
+                options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "resources": custom}
+                self.actors.append(remote.options(scheduling_strategy=strategy, **options).remote())
+            places = ray.get([actor.where.remote() for actor in self.actors])
+            order = rank_order(places)
+            self.actors, places = [self.actors[i] for i in order], [places[i] for i in order]
+            master = (places[0][0], ray.get(self.actors[0].free_port.remote()))
+            ranks = rank_environments([(node, gpus) for _, gpus, node in places], master, shape.gpu)
+            self.placement = [
+                {
+                    "rank": r,
+                    "node_ip": ip,
+                    "node_id": node,
+                    "local_rank": int(env_r["LOCAL_RANK"]),
+                    "gpus": gpus,
+                }
+                for r, ((ip, gpus, node), env_r) in enumerate(zip(places, ranks, strict=True))
+            ]
+            backend, threads = ("nccl" if shape.gpu else "gloo"), max(1, round(bundle["CPU"]))
+            self.joined = [
+                actor.join.remote({**env, **rank}, backend, threads)
+                for actor, rank in zip(self.actors, ranks, strict=True)
+            ]
+        except BaseException:
+            self.stop()
+            raise
 
     def run(self, config: dict[str, Any]) -> list[Any]:
         return [actor.run.remote(config) for actor in self.actors]
 
+    def unreadable(self, probe: str, expected: str) -> list[int]:
+        """The ranks that cannot read back the probe the driver wrote in the output root."""
+        import ray
+
+        seen = ray.get([actor.can_read.remote(probe, expected) for actor in self.actors])
+        return [rank for rank, ok in enumerate(seen) if not ok]
+
     def stop(self) -> None:
         import ray
+        from ray.util.placement_group import remove_placement_group
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        remove_placement_group(self.placement_group)
         self.stopped = True
 
 
@@ -156,16 +226,17 @@ class WarmWorkers:
     """The run's one group at a time: kept while stages fit its shape, replaced when one does not (its
     CPUs or GPUs go to the new one) or when a failure stopped it."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+    def __init__(self, env: dict[str, str], say: Callable[[str], None] = lambda _: None) -> None:
+        self.env, self.say = env, say
         self.group: WorkerGroup | None = None
 
-    def group_for(self, shape: GroupShape) -> WorkerGroup:
+    def group_for(self, shape: GroupShape, stage: str) -> WorkerGroup:
         if self.group is not None and not self.group.stopped and self.group.shape == shape:
             return self.group
         if self.group is not None and not self.group.stopped:
             self.group.stop()
-        self.group = WorkerGroup(shape, self.env)
+        self.group = None
+        self.group = WorkerGroup(shape, self.env, stage, self.say)
         return self.group
 
     def stop(self) -> None:

@@ -1,0 +1,71 @@
+"""What a stage asks Ray for: one bundle per rank, reserved all at once (a placement group), with how long
+to wait for it. The plan fixes the request; where the group starts (align/run/workers.py) fills in the one
+default that depends on which Ray it joined: the CPUs of a CPU rank."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from align.config.spec import Pipeline
+from align.errors import Problem
+
+
+@dataclass(frozen=True)
+class Request:
+    workers: int
+    cpus: float | None  # per rank; None: this machine's cores shared on an embedded Ray, 1 on a cluster
+    gpus: float
+    custom: dict[str, float] = field(default_factory=dict)
+    strategy: str = "pack"
+    wait_s: float = 600.0
+
+    def bundle(self, cpus: float) -> dict[str, float]:
+        """One rank's bundle, with `cpus` for a request that left them to where the group starts."""
+        return {"CPU": self.cpus or cpus, **({"GPU": self.gpus} if self.gpus else {}), **self.custom}
+
+    def describe(self) -> str:
+        cpus = f"{self.cpus:g}" if self.cpus else "shared"
+        custom = {key: f"{value:g}" for key, value in self.custom.items()}
+        each = {"CPU": cpus, **({"GPU": f"{self.gpus:g}"} if self.gpus else {}), **custom}
+        shown = ", ".join(f"{key}: {value}" for key, value in each.items())
+        return f"{self.workers} x {{{shown}}} ({self.strategy}), waiting at most {self.wait_s:g} s"
+
+
+def stage_request(pipeline: Pipeline, name: str, workers: int, accelerator: bool) -> Request:
+    spec = pipeline.stage_resources(name)
+    gpus = spec.gpus_per_worker if spec.gpus_per_worker is not None else (1.0 if accelerator else 0.0)
+    cpus = spec.cpus_per_worker if spec.cpus_per_worker is not None else (1.0 if gpus else None)
+    return Request(workers, cpus, gpus, dict(spec.custom), spec.strategy, spec.wait_s)
+
+
+def local_problems(name: str, request: Request, gpus_here: int) -> list[Problem]:
+    """What an embedded Ray on this machine could never hold (it would wait forever), one line each."""
+    where, cores = f"stages.{name}.resources", os.cpu_count() or 1
+    problems = []
+    if request.cpus and request.cpus * request.workers > cores:
+        problems.append(
+            Problem(
+                f"{where}.cpus_per_worker",
+                f"{request.workers} ranks x {request.cpus:g} CPUs need {request.cpus * request.workers:g}; "
+                f"this machine has {cores}: ask for less (ranks may share cores, e.g. "
+                f"{cores / request.workers:.2g}), or run on a cluster with --address",
+            )
+        )
+    if request.gpus * request.workers > gpus_here:
+        problems.append(
+            Problem(
+                f"{where}.gpus_per_worker",
+                f"{request.workers} ranks x {request.gpus:g} GPUs need {request.gpus * request.workers:g}; "
+                f"this machine has {gpus_here}: fewer workers, or a cluster with --address",
+            )
+        )
+    if request.custom:
+        problems.append(
+            Problem(
+                f"{where}.custom",
+                f"{', '.join(request.custom)}: an embedded Ray has no custom resources; run on a cluster "
+                "whose nodes declare them, with --address",
+            )
+        )
+    return problems

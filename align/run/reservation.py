@@ -1,0 +1,83 @@
+"""A stage's resources reserved all at once: one bundle per rank in a Ray placement group, or nothing.
+
+Ray leaves a request no node can hold pending forever, with no word (ray#27287): here the wait says every
+15 s what is asked and what each node has free, and gives up after the stage's `wait_s` in one line that
+names the request and the largest node. Nothing is held after a failure or an interrupt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from align.errors import AlignError
+
+NOTE_EVERY_S = 15.0
+
+
+def shown(resources: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{key}: {value:g}" for key, value in sorted(resources.items()) if value) + "}"
+
+
+def schedulable(node: dict[str, float]) -> dict[str, float]:
+    """A node's resources a bundle can ask for: CPUs, GPUs, custom ones (not memory or Ray's own labels)."""
+    return {
+        key: value for key, value in node.items() if not key.startswith(("node:", "memory", "object_store"))
+    }
+
+
+def free_per_node() -> list[dict[str, float]]:
+    """What each live node has free now, largest CPU count first (the object store and memory left out)."""
+    import ray
+
+    nodes = ray._private.state.available_resources_per_node().values()
+    kept = [
+        {
+            k: v
+            for k, v in node.items()
+            if k in ("CPU", "GPU") or not k.startswith(("node:", "memory", "object"))
+        }
+        for node in nodes
+    ]
+    return sorted(kept, key=lambda node: -node.get("CPU", 0))
+
+
+def largest_node() -> dict[str, float]:
+    """The biggest node's total resources (by CPUs), the most any one bundle could ever get."""
+    import ray
+
+    totals = ray._private.state.total_resources_per_node().values()
+    kept = [
+        {k: v for k, v in node.items() if not k.startswith(("node:", "memory", "object"))} for node in totals
+    ]
+    return max(kept, key=lambda node: node.get("CPU", 0), default={})
+
+
+def reserve(
+    stage: str, bundles: list[dict[str, float]], strategy: str, wait_s: float, say: Callable[[str], None]
+) -> Any:
+    """The placement group of `bundles`, once Ray has reserved all of them; AlignError after `wait_s`."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group(bundles, strategy=strategy.upper())
+    asked = f"{len(bundles)} x {shown(bundles[0])} ({strategy})"
+    started = time.monotonic()
+    note_at = NOTE_EVERY_S
+    try:
+        while not ray.wait([group.ready()], timeout=1.0)[0]:
+            waited = time.monotonic() - started
+            if waited >= wait_s:
+                raise AlignError(
+                    f"stage '{stage}': Ray could not reserve {asked} in {wait_s:g} s; the largest node has "
+                    f"{shown(largest_node())}: lower `resources:` or `workers:`, or add nodes (`ray status`)"
+                )
+            if waited >= note_at:
+                free = "; ".join(shown(node) for node in free_per_node()) or "none"
+                say(f"[{stage}] waiting {waited:.0f} s for {asked}; free per node: {free}")
+                note_at += NOTE_EVERY_S
+    except BaseException:
+        remove_placement_group(group)
+        raise
+    return group

@@ -1,0 +1,62 @@
+"""What a stage asks Ray for: `resources:` in defaults and per stage, printed by `align plan`, a request this
+machine cannot hold refused before Ray starts (it would wait forever), and where a group's ranks land."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from align.cli import main
+from align.pipeline.file import load
+from align.planning.hardware import Hardware
+from align.planning.plan import build
+from align.run.workers import GroupShape, rank_order
+from tests.pipelines import stage, write_pipeline
+
+CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
+
+
+def plan_of(tmp_path: Path, **defaults):
+    stages = {"sft": stage("sft", resources={"cpus_per_worker": 0.5}), "dpo": stage("dpo")}
+    return build(load(write_pipeline(tmp_path, "res", stages, workers=2, **defaults)), CPU)
+
+
+def test_a_stage_takes_its_own_keys_over_the_defaults(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, resources={"wait_s": 30, "strategy": "spread"})
+    sft, dpo = plan.stages["sft"].resources, plan.stages["dpo"].resources
+    assert (sft.cpus, sft.wait_s, sft.strategy) == (0.5, 30, "spread")
+    assert (dpo.cpus, dpo.wait_s, dpo.gpus) == (None, 30, 0.0)
+    assert GroupShape.of(plan.stages["sft"], gpu=False, embedded=True).bundle == (("CPU", 0.5),)
+
+
+def test_unset_cpus_share_this_machine_on_an_embedded_ray_and_take_one_on_a_cluster(tmp_path: Path) -> None:
+    dpo = plan_of(tmp_path).stages["dpo"]
+    shared = dict(GroupShape.of(dpo, gpu=False, embedded=True).bundle)["CPU"]
+    assert shared * 2 <= os.cpu_count() and shared > os.cpu_count() / 2 - 0.01
+    assert dict(GroupShape.of(dpo, gpu=False, embedded=False).bundle)["CPU"] == 1.0
+
+
+def test_plan_prints_each_request(tmp_path: Path, capsys) -> None:
+    path = write_pipeline(tmp_path, "res", {"sft": stage("sft", resources={"custom": {"A100": 1}})})
+    assert main(["plan", str(path)]) == 0
+    assert "resources: 1 x {CPU: shared, A100: 1} (pack), waiting at most 600 s" in capsys.readouterr().out
+
+
+def test_a_request_this_machine_cannot_hold_is_refused_before_ray_starts(tmp_path: Path, capsys) -> None:
+    cores = os.cpu_count()
+    resources = {"cpus_per_worker": cores, "custom": {"A100": 1}}
+    path = write_pipeline(tmp_path, "res", {"sft": stage("sft", resources=resources)}, workers=2)
+    env = {key: os.environ.pop(key) for key in ("RAY_ADDRESS",) if key in os.environ}
+    try:
+        assert main(["run", str(path)]) == 2
+    finally:
+        os.environ.update(env)
+    err = capsys.readouterr().err
+    assert f"stages.sft.resources.cpus_per_worker: 2 ranks x {cores} CPUs need {2 * cores}" in err
+    assert "stages.sft.resources.custom: A100: an embedded Ray has no custom resources" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ranks_of_one_node_come_together_whatever_order_ray_started_them() -> None:
+    places = [("10.0.0.1", [], "b"), ("10.0.0.1", [], "a"), ("10.0.0.1", [], "b"), ("10.0.0.1", [], "a")]
+    assert rank_order(places) == [0, 2, 1, 3]  # two nodes behind one IP, told apart by id
