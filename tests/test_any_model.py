@@ -109,3 +109,24 @@ def test_counts_are_cached_so_a_second_plan_imports_no_torch(gpt2: Path, tmp_pat
     assert seen == ["TORCH True", "TORCH False"]
     cached = list((tmp_path / "cache" / "model-counts").glob("*.json"))
     assert len(cached) == 1 and json.loads(cached[0].read_text())["model"]["model_type"] == "gpt2"
+
+
+def test_conversations_for_a_base_model_without_a_chat_template_are_refused_at_validate(tmp_path, capsys):
+    """Llama-3-8B, Qwen2.5-7B base and Mistral-7B-v0.1 ship no template: say so before any model loads."""
+    folder = build_family("qwen2", tmp_path)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    (tmp_path / "text.jsonl").write_text(json.dumps({"text": "Hi. Hello."}) + "\n")
+    for data, expected in (("chat.jsonl", 2), ("text.jsonl", 0)):
+        sft = {"kind": "sft", "model": str(folder), "data": {"train": str(tmp_path / data)}}
+        path = write_pipeline(tmp_path, "base", {"sft": sft})
+        assert main(["validate", str(path)]) == expected
+    err = capsys.readouterr().err
+    assert (
+        f"stages.sft.data.train: its rows are conversations, but the model {folder} has no chat template"
+        in err
+    )

@@ -105,6 +105,16 @@ def model_problem(name_or_path: str, base: Path | None = None, *, allow_custom_c
     return f"{name_or_path!r} is not a builtin model, a folder, or a hub id; {allowed}"
 
 
+def has_chat_template(folder: Path) -> bool:
+    """Whether a model folder's tokenizer carries a chat template (read from its files: no import)."""
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def custom_code_problem(folder: Path) -> str | None:
     """Why loading the model in `folder` would run code that ships with it, read from its config.json
     alone (importing transformers takes seconds); None when it would not, or when there is no config."""

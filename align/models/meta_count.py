@@ -4,12 +4,17 @@ when a count is not cached yet."""
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
 ALL_LINEAR = "all-linear"
+
+if not Path("/proc/driver/nvidia").exists():  # peft imports DeepSpeed, which says it found no GPU on stdout
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def meta_model(config: dict[str, Any]) -> torch.nn.Module:

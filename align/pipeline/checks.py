@@ -7,12 +7,14 @@ absolute by now (align.pipeline.file), so no check depends on the directory alig
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 from align.data.loading import NO_EVAL
-from align.data.scan import check_data, columns_problem
+from align.data.scan import check_data, columns_problem, first_row, is_message
+from align.data.shapes import Normalizer
 from align.errors import Problem
-from align.models.loading import model_problem
+from align.models.loading import has_chat_template, model_problem
 from align.pipeline.graph import order, reference_target, references
 from align.rewards import args_problem, function_problem
 
@@ -62,6 +64,37 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
     return problems
 
 
+def root_folder(pipeline: Pipeline, name: str) -> Path | None:
+    """The local model folder a stage's chain of references starts from (None: a builtin or a hub id)."""
+    value = pipeline.stage_model(name)
+    while (target := reference_target(value)) is not None and target in pipeline.stages:
+        value = pipeline.stage_model(target)
+    path = Path(value)
+    return path if "${" not in value and path.is_absolute() and path.is_dir() else None
+
+
+def template_problems(pipeline: Pipeline) -> list[Problem]:
+    """Conversational rows are rendered by the tokenizer's chat template; a base model that has none
+    (Llama-3-8B, Qwen2.5-7B base, Mistral-7B-v0.1) would fail in the worker, after the model loaded."""
+    problems = []
+    for name, stage in pipeline.stages.items():
+        folder = root_folder(pipeline, name) if isinstance(stage, TrainingStage) else None
+        if folder is None or has_chat_template(folder):
+            continue
+        row = first_row(stage.data.train)
+        values = Normalizer(stage.data.columns)(row).values() if row else ()
+        if any(isinstance(value, list) and value and all(map(is_message, value)) for value in values):
+            problems.append(
+                Problem(
+                    f"stages.{name}.data.train",
+                    f"its rows are conversations, but the model {folder} has no chat template to render "
+                    "them (none in its tokenizer files): give text rows (`text`, or `prompt`/`completion` "
+                    "strings), or start from a model that has one",
+                )
+            )
+    return problems
+
+
 def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]]:
     """The reference graph (built here, once, and kept on the pipeline), and every problem that spans
     keys: references and their order, models, data, rewards."""
@@ -70,6 +103,7 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
         problems += order(edges)[1]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
+    problems += template_problems(pipeline)
     problems += reward_problems(pipeline)
     problems += vllm_problems(pipeline)
     problems += ignored_by_trl(pipeline)
