@@ -22,6 +22,7 @@ SLOW_SUITES = {
     "test_data_formats",
     "test_data_shapes_train",
     "test_families",
+    "test_chat_templates",
     "test_data_cache",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs

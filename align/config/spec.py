@@ -128,6 +128,7 @@ class StageBase(Strict):
     fsdp: FSDPSpec = FSDPSpec()
     max_failures: Annotated[int, Field(ge=0)] | None = None
     checkpoint_minutes: Annotated[float, Field(gt=0)] | None = None
+    chat_template: str | None = None  # over the pipeline's: a builtin (chatml), a .jinja file, a model folder
     resources: ResourcesSpec | None = Field(default=None, exclude=True)
     """Its keys over `defaults.resources`; where a stage runs does not change what it computes, so it is
     left out of the stage's fingerprint."""
@@ -277,6 +278,7 @@ class Pipeline(Strict):
     name: Annotated[str, Field(pattern=STAGE_NAME)]
     base_model: str
     allow_custom_code: bool = False
+    chat_template: str | None = None  # for a base model without one (align/models/chat_templates.py)
     defaults: Defaults = Defaults()
     stages: dict[str, SerializeAsAny[StageBase]]
     edges: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
@@ -292,6 +294,10 @@ class Pipeline(Strict):
         """Where a reward function of the user's own imports from: the directory `align` runs in, then the
         pipeline file's folder. Validate imports it from there, and the workers need them on PYTHONPATH."""
         return list(dict.fromkeys(filter(None, [os.getcwd(), self.source_dir])))
+
+    def stage_chat_template(self, name: str) -> str | None:
+        """The chat template a stage applies: its own, else the pipeline's (None: the model's own)."""
+        return self.stages[name].chat_template or self.chat_template
 
     def stage_resources(self, name: str) -> ResourcesSpec:
         """`defaults.resources` with the keys the stage's own `resources:` sets."""

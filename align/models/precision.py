@@ -15,6 +15,10 @@ Nothing here imports torch: the plan reads it.
 
 from __future__ import annotations
 
+from typing import Any
+
+from align.errors import Problem
+
 PURE = "bf16-pure"
 MIXED = ("bf16", "fp16")
 PURE_RISK = "no fp32 master copy; small updates to weights near 1.0 are lost"
@@ -48,3 +52,25 @@ def describe(precision: str, trainable: str, lora: bool) -> str:
     if trainable == "fp32":
         return f"{precision} (mixed: {base}fp32 {held} and Adam state, {compute} compute)"
     return f"{precision} (mixed: {base}{compute} {held}, fp32 master copy and Adam state in DeepSpeed)"
+
+
+def resolve_precision(requested: str, hardware: Any) -> str:
+    """`auto` is bf16 (mixed) where the accelerator (the plan's `Hardware`) has it, else fp32 (CPUs train
+    in fp32 here)."""
+    if requested != "auto":
+        return requested
+    return "bf16" if hardware.bf16 else "fp32"
+
+
+def precision_problems(stage: Any, where: str, precision: str) -> list[Problem]:
+    """`bf16-pure` trains full parameters only: a LoRA stage's adapters are small and already train in
+    fp32 over a bf16 base under `bf16`, so pure bf16 would risk their updates for almost no memory."""
+    if precision == PURE and getattr(stage, "lora", None) is not None:
+        return [
+            Problem(
+                f"{where}.precision" if stage.precision else "defaults.precision",
+                "bf16-pure is for full-parameter training; with `lora:` use `precision: bf16` (a bf16 base, "
+                "fp32 adapters)",
+            )
+        ]
+    return []

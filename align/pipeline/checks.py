@@ -14,6 +14,7 @@ from align.data.loading import NO_EVAL
 from align.data.scan import check_data, columns_problem, first_row, is_message
 from align.data.shapes import Normalizer
 from align.errors import Problem
+from align.models.chat_templates import resolve_template
 from align.models.loading import has_chat_template, model_problem
 from align.pipeline.graph import order, reference_target, references
 from align.rewards import args_problem, function_problem
@@ -76,10 +77,19 @@ def root_folder(pipeline: Pipeline, name: str) -> Path | None:
 def template_problems(pipeline: Pipeline) -> list[Problem]:
     """Conversational rows are rendered by the tokenizer's chat template; a base model that has none
     (Llama-3-8B, Qwen2.5-7B base, Mistral-7B-v0.1) would fail in the worker, after the model loaded."""
+    named = [("chat_template", pipeline.chat_template)]
+    named += [
+        (f"stages.{name}.chat_template", stage.chat_template) for name, stage in pipeline.stages.items()
+    ]
     problems = []
+    for where, value in named:
+        try:
+            resolve_template(value) if value else None
+        except ValueError as err:
+            problems.append(Problem(where, str(err)))
     for name, stage in pipeline.stages.items():
         folder = root_folder(pipeline, name) if isinstance(stage, TrainingStage) else None
-        if folder is None or has_chat_template(folder):
+        if folder is None or has_chat_template(folder) or pipeline.stage_chat_template(name):
             continue
         row = first_row(stage.data.train)
         values = Normalizer(stage.data.columns)(row).values() if row else ()
@@ -88,8 +98,9 @@ def template_problems(pipeline: Pipeline) -> list[Problem]:
                 Problem(
                     f"stages.{name}.data.train",
                     f"its rows are conversations, but the model {folder} has no chat template to render "
-                    "them (none in its tokenizer files): give text rows (`text`, or `prompt`/`completion` "
-                    "strings), or start from a model that has one",
+                    "them (none in its tokenizer files): set `chat_template: chatml` (top level, or the "
+                    "stage's; or a .jinja file, or a model folder to take one from), give text rows, or "
+                    "start from a model that has one",
                 )
             )
     return problems

@@ -28,6 +28,7 @@ from align.config.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, 
 from align.config.validation import pydantic_problems
 from align.data.loading import data_location
 from align.errors import ConfigError, Problem
+from align.models.chat_templates import BUILTIN as BUILTIN_TEMPLATES
 from align.models.loading import model_location
 from align.pipeline.checks import cross_check
 from align.pipeline.trl_args import trl_problems
@@ -39,6 +40,7 @@ class Header(Strict):
     name: Annotated[str, Field(pattern=STAGE_NAME)]
     base_model: str
     allow_custom_code: bool = False
+    chat_template: str | None = None
     defaults: Defaults = Defaults()
     stages: Annotated[dict[Annotated[str, Field(pattern=STAGE_NAME)], Any], Field(min_length=1)]
 
@@ -85,6 +87,15 @@ def file_location(value: str, base: Path) -> str:
     return str(user_path(value, base))
 
 
+def template_location(value: str, base: Path) -> str:
+    """A chat template: a name as written (a builtin, or refused as one), else a file or folder made
+    absolute; a bare word is a path only where one exists beside the file."""
+    bare = "/" not in value and not value.endswith(".jinja") and not value.startswith((".", "~"))
+    if value in BUILTIN_TEMPLATES or (bare and not (base / value).exists()):
+        return value
+    return file_location(value, base)
+
+
 PATH_FIELDS: dict[tuple[str, ...], Callable[[str, Path], str]] = {
     ("base_model",): model_location,
     ("defaults", "output_root"): file_location,
@@ -94,6 +105,8 @@ PATH_FIELDS: dict[tuple[str, ...], Callable[[str, Path], str]] = {
     ("stages", "*", "zero2", "config"): file_location,
     ("stages", "*", "trl", "resume_from_checkpoint"): file_location,
     ("stages", "*", "rewards", "*", "model"): model_location,
+    ("chat_template",): template_location,
+    ("stages", "*", "chat_template"): template_location,
 }
 """Every value of the file that can be a path (`*`: any stage, any list item), and how it is resolved."""
 

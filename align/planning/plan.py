@@ -18,8 +18,9 @@ from align.config.spec import KINDS, Pipeline, RewardedStage, StageBase, Trainin
 from align.data.batching import sft_batching
 from align.errors import ConfigError, Problem
 from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets, architecture_for
+from align.models.chat_templates import ChatTemplate, resolve_template
 from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
-from align.models.precision import PURE, compute_dtype, trainable_dtype
+from align.models.precision import PURE, compute_dtype, precision_problems, resolve_precision, trainable_dtype
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
@@ -77,6 +78,9 @@ class StagePlan:
     batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/data/batching.py
     lora_targets: LoraTargets | None = None  # `lora.target_modules` resolved against the model's modules
     resources: Request | None = None  # what each rank asks Ray for (align/planning/resources.py)
+    chat_template: ChatTemplate | None = (
+        None  # applied to the stage's tokenizer (align/models/chat_templates.py)
+    )
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -129,13 +133,6 @@ def reward_model_params(pipeline: Pipeline, name: str, policy: Architecture) -> 
             shape = stage_architecture(pipeline, target) if target else model_architecture(reward.model)
             counts[index] = (shape or policy).reward_model_param_count()
     return counts
-
-
-def resolve_precision(requested: str, hardware: Hardware) -> str:
-    """`auto` is bf16 (mixed) where the accelerator has it, else fp32 (CPUs train in fp32 here)."""
-    if requested != "auto":
-        return requested
-    return "bf16" if hardware.bf16 else "fp32"
 
 
 UPCASTS_4BIT_BASE = ("ppo",)
@@ -333,6 +330,9 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         batching=sft_batching(stage.trl) if stage.kind == "sft" else None,
         lora_targets=targets,
         resources=stage_request(pipeline, name, workers, hardware.accelerator),
+        chat_template=resolve_template(template)
+        if (template := pipeline.stage_chat_template(name))
+        else None,
     )
 
 
@@ -368,20 +368,6 @@ def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
     }
     chosen = by_backend[BACKENDS[stage.backend].option(stage.stage)]
     return replace(stage, memory=chosen, memory_by_backend=by_backend)
-
-
-def precision_problems(stage: StageBase, where: str, precision: str) -> list[Problem]:
-    """`bf16-pure` trains full parameters only: a LoRA stage's adapters are small and already train in
-    fp32 over a bf16 base under `bf16`, so pure bf16 would risk their updates for almost no memory."""
-    if precision == PURE and getattr(stage, "lora", None) is not None:
-        return [
-            Problem(
-                f"{where}.precision" if stage.precision else "defaults.precision",
-                "bf16-pure is for full-parameter training; with `lora:` use `precision: bf16` (a bf16 base, "
-                "fp32 adapters)",
-            )
-        ]
-    return []
 
 
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:

@@ -96,6 +96,8 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"    batching: {stage.batching[0]} ({stage.batching[1]})")
         if stage.lora_targets is not None:
             lines.append(f"    lora targets: {stage.lora_targets.summary}")
+        if stage.chat_template is not None:
+            lines.append(f"    chat template: {stage.chat_template.source}")
         if stage.resources is not None:
             lines.append(f"    resources: {stage.resources.describe()}")
         if stage.precision == PURE:

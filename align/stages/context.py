@@ -16,6 +16,7 @@ from align.backends import BACKENDS, Backend
 from align.config.secrets import is_secret_name
 from align.data.loading import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
 from align.models.architectures import LoraTargets
+from align.models.chat_templates import apply as apply_template
 from align.models.loading import load_causal_lm, load_tokenizer
 from align.models.precision import compute_dtype
 from align.pipeline.trl_args import build_config
@@ -114,6 +115,10 @@ def load_stage_model(
     if quantize_4bit:
         kwargs["device_map"] = ctx.device_map()
     model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
+    if ctx.plan.chat_template is not None:  # its special tokens get rows (earlier adapters saved theirs)
+        vocab = len(stage_tokenizer(ctx))
+        if model.get_input_embeddings().num_embeddings < vocab:
+            model.resize_token_embeddings(vocab)
     return ctx.backend.prepare(merge_adapters(model, ctx.model_input.adapters), ctx.plan)
 
 
@@ -152,9 +157,12 @@ def on_training_device(
 
 
 def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
-    """The input model's tokenizer (saved beside every adapter and model align writes)."""
+    """The input model's tokenizer (saved beside every adapter and model align writes), with the stage's
+    chat template applied when it has one."""
     source = ctx.model_input.adapters[-1] if ctx.model_input.adapters else ctx.model_input.base
     tokenizer = load_tokenizer(source, trust_remote_code=ctx.plan.remote_code)
+    if ctx.plan.chat_template is not None:
+        apply_template(ctx.plan.chat_template, tokenizer)
     tokenizer.padding_side = padding_side
     return tokenizer
 
