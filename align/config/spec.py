@@ -133,6 +133,14 @@ class StageBase(Strict):
     """Its keys over `defaults.resources`; where a stage runs does not change what it computes, so it is
     left out of the stage's fingerprint."""
 
+    @model_serializer(mode="wrap")
+    def without_unset_template(self, handler: Any) -> Any:
+        """No `chat_template` key when none is set, so stages recorded before it existed stay up to date."""
+        dumped = handler(self)
+        if self.chat_template is None and isinstance(dumped, dict):
+            dumped.pop("chat_template", None)
+        return dumped
+
 
 class TrainingStage(StageBase):
     """A stage that trains with a TRL trainer; `trl:` is passed through to its config class."""

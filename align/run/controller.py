@@ -81,8 +81,10 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     splits = (("train", data.train), ("eval", data.eval if data.eval != NO_EVAL else None)) if data else ()
     inputs = stage.inputs
     own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
+    template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
     return digest(
         {
+            **template,
             "stage": stage.stage.model_dump(mode="json"),
             "backend": stage.backend,
             "workers": stage.workers,
