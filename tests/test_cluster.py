@@ -2,7 +2,8 @@
 stopped by their own process groups, never `ray stop`. Stages reserve one bundle per rank all at once:
 a 2-rank stage spreads over both nodes, a 1-rank stage after it runs (it once asked for the cluster's
 total and waited forever), a request no node holds fails within its `wait_s`, SIGTERM stops a run as
-Ctrl-C does, and a run with no `--address` joins the head running on this machine. `make test-cluster`."""
+Ctrl-C does, a run with no `--address` joins the head running on this machine, and a node lost mid-stage
+ends the stage in one line when the rest cannot hold its retry. `make test-cluster`."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def wait_for_nodes(address: str, count: int, env: dict, timeout: float = 120) ->
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(address, env): a head and one more node on loopback, one CPU each, stopped afterwards."""
+    """(address, env, nodes): a head and one more node on loopback, one CPU each, stopped afterwards."""
     folder = tmp_path_factory.mktemp("cluster")
     env = {
         **os.environ,
@@ -82,7 +83,7 @@ def cluster(tmp_path_factory):
         time.sleep(5)
         nodes.append(start_node("--address", address, log=folder / "node.log", env=env))
         wait_for_nodes(address, 2, env)
-        yield address, env
+        yield address, env, nodes
     finally:
         for node in reversed(nodes):
             try:
@@ -115,7 +116,7 @@ def nodes_of(path: Path, name: str) -> list[str]:
 
 
 def test_two_ranks_spread_then_one_rank_then_two_again(cluster, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     stages = {
         "sft": stage("sft", steps=2, batch=2, data=DATA, lora={"r": 4}, workers=2),
         "merge": {"kind": "merge", "model": "${stages.sft.output}"},
@@ -133,7 +134,7 @@ def test_two_ranks_spread_then_one_rank_then_two_again(cluster, tmp_path):
 
 
 def test_a_request_no_node_holds_fails_within_its_wait(cluster, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     resources = {"cpus_per_worker": 2, "wait_s": 20}
     path = write_pipeline(tmp_path, "big", {"sft": stage("sft", data=DATA, resources=resources)})
     started = time.monotonic()
@@ -149,7 +150,7 @@ def test_a_request_no_node_holds_fails_within_its_wait(cluster, tmp_path):
 
 
 def test_sigterm_mid_stage_exits_143_and_keeps_the_stage(cluster, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     path = write_pipeline(tmp_path, "term", {"sft": stage("sft", steps=5000, batch=2, data=DATA, workers=2)})
     run = subprocess.Popen(
         [sys.executable, "-m", "align.cli", "run", str(path), "--address", address],
@@ -172,7 +173,7 @@ def test_sigterm_mid_stage_exits_143_and_keeps_the_stage(cluster, tmp_path):
 
 
 def test_a_run_without_address_joins_the_head_running_here(cluster, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     path = write_pipeline(tmp_path, "beside", {"sft": stage("sft", steps=2, batch=2, data=DATA)})
     plain = {key: value for key, value in env.items() if key != "RAY_ADDRESS"}
     done = align("run", str(path), env=plain)
@@ -181,3 +182,30 @@ def test_a_run_without_address_joins_the_head_running_here(cluster, tmp_path):
     assert first.startswith("ray: joined the cluster at") and "(already running on this machine)" in first
     assert stage_folder(path, "sft").is_dir()
     assert json.loads((stage_folder(path, "sft") / "align-stage.json").read_text())["status"] == "succeeded"
+
+
+def test_a_node_lost_mid_stage_fails_in_one_line_when_the_rest_cannot_hold_the_retry(cluster, tmp_path):
+    """Last in the module: it stops the second node. The lost worker is retried from the latest checkpoint,
+    which needs both nodes again: the reservation waits its `wait_s`, then the stage ends in one line."""
+    address, env, nodes = cluster
+    sft = stage("sft", steps=5000, batch=2, data=DATA, workers=2, resources={"wait_s": 15})
+    path = write_pipeline(tmp_path, "lost", {"sft": sft})
+    run = subprocess.Popen(
+        [sys.executable, "-m", "align.cli", "run", str(path), "--address", address],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(
+        (tmp_path / "runs" / "lost").glob(".sft.tmp-*/logs/progress.json")
+    ):
+        time.sleep(1)
+    os.killpg(nodes[1].pid, signal.SIGKILL)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 2, out[-2000:] + err[-2000:]
+    assert "lost a worker" in out and "retry 1 of 2, from the last checkpoint" in out
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "could not reserve 2 x {CPU: 1} (pack) in 15 s" in errors[0], err[-2000:]
+    assert list((tmp_path / "runs" / "lost").glob(".sft.failed-*"))
