@@ -129,6 +129,8 @@ def test_two_ranks_spread_then_one_rank_then_two_again(cluster, tmp_path):
     assert len(set(nodes_of(path, "sft"))) == 2  # one CPU a node: the two ranks must be on both
     assert len(nodes_of(path, "merge")) == 1
     assert len(set(nodes_of(path, "again"))) == 2
+    status = align("status", str(path), env=env).stdout
+    assert "ranks on 2 nodes" in [line for line in status.splitlines() if line.strip().startswith("sft")][0]
     ranks = stage_record(path, "sft")["ranks"]
     assert [rank["local_rank"] for rank in ranks] == [0, 0] and all(rank["node_ip"] for rank in ranks)
 

@@ -23,6 +23,7 @@ from align.report.run_folder import (
     sample_rows,
     settings,
 )
+from align.report.status import where_ranks_ran
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; color: #222; }
@@ -87,6 +88,7 @@ def html_stage(stage: StageReport) -> str:
         ("steps trained", record.get("steps_trained", "")),
         ("resumed from step", record.get("resumed_from") or ""),
         ("retries", record.get("retries", "")),
+        ("ranks", where_ranks_ran(record).removeprefix(", ranks ")),
         ("error", record.get("error", "")),
     ]
     parts.append(html_table(None, [[key, value] for key, value in facts if value not in ("", None)]))

@@ -57,6 +57,16 @@ def clock(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
 
 
+def where_ranks_ran(record: dict[str, Any]) -> str:
+    """`, ranks on 2 nodes (0: 10.0.0.5/3f2a, 1: 10.0.0.6/9c1b)`: each rank's node IP and id (its start)."""
+    ranks = record.get("ranks") or []
+    if not ranks:
+        return ""
+    nodes = len({rank["node_id"] for rank in ranks})
+    shown = ", ".join(f"{r['rank']}: {r['node_ip']}/{r['node_id'][:4]}" for r in ranks)
+    return f", ranks on {nodes} node{'s' if nodes > 1 else ''} ({shown})"
+
+
 def stage_state(name: str, folder: Path, running: bool) -> StageState:
     """One stage's state; `running`: whether a live run holds the pipeline's folder."""
     final = folder / name
@@ -65,7 +75,8 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
     newer = attempt and attempt[1].get("started", 0) > (published or {}).get("started", 0)
     if published and published.get("status") == "succeeded" and not newer:
         started, ended = published.get("started", 0), published.get("ended", 0)
-        return StageState(name, "done", f"{ended - started:.1f}s, finished {clock(ended)}", started, ended)
+        detail = f"{ended - started:.1f}s, finished {clock(ended)}{where_ranks_ran(published)}"
+        return StageState(name, "done", detail, started, ended)
     if not attempt:
         return StageState(name, "pending")
     scratch, record = attempt
