@@ -7,6 +7,7 @@ Reading and validating a file is `align.pipeline.file.load()`. Nothing here load
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from align.rewards import RewardSpec
@@ -228,6 +230,75 @@ class MergeStage(StageBase):
     tolerance: Annotated[float, Field(gt=0)] = 1e-4
 
 
+class GenerationSpec(Strict):
+    """How an eval stage asks each model: greedy (temperature 0, the default) or sampled."""
+
+    max_new_tokens: Annotated[int, Field(gt=0)] = 64
+    temperature: Annotated[float, Field(ge=0)] = 0.0  # 0: greedy
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    num_samples: Annotated[int, Field(gt=0)] = 1  # completions per prompt and model (sampled only)
+    seed: int | None = None  # default: the pipeline's seed
+
+    @model_validator(mode="after")
+    def samples_differ(self) -> GenerationSpec:
+        if self.num_samples > 1 and self.temperature == 0:
+            raise ValueError("greedy decoding (temperature 0) gives one answer: set temperature or 1 sample")
+        return self
+
+
+class EvalDataSpec(Strict):
+    """An eval stage's prompts: a `prompt` column (text or a conversation), plus any column its rewards read
+    (`answer` for exact_answer)."""
+
+    prompts: str
+    max_rows: Annotated[int, Field(gt=0)] | None = None
+    columns: dict[str, str] = {}  # renames, as `data.columns` of a training stage
+
+
+class LmEvalSpec(Strict):
+    """lm-evaluation-harness tasks run on each model: task names, a folder of the user's task YAMLs, and at
+    most `limit` documents per task."""
+
+    tasks: Annotated[list[str], Field(min_length=1)]
+    include_path: str | None = None
+    limit: Annotated[int, Field(gt=0)] | None = None
+    num_fewshot: Annotated[int, Field(ge=0)] | None = None
+    apply_chat_template: bool = True  # when the model's tokenizer has one
+
+
+class EvalStage(StageBase):
+    """Trains nothing: asks each named model the same held-out prompts, scores the answers with `rewards:`
+    (and lm-evaluation-harness tasks), and compares each model with the `baseline` (align/stages/eval.py)."""
+
+    kind: Literal["eval"]
+    models: Annotated[dict[str, str], Field(min_length=1)]  # name -> ${stages.X.output}, folder, builtin
+    baseline: str | None = None  # default: the first of `models`
+    data: EvalDataSpec | None = None
+    rewards: list[RewardSpec] = []
+    generation: GenerationSpec = GenerationSpec()
+    lm_eval: LmEvalSpec | None = None
+
+    @model_validator(mode="after")
+    def comparable(self) -> EvalStage:
+        if bad := [name for name in self.models if not re.fullmatch(STAGE_NAME, name)]:
+            raise ValueError(f"models: {bad[0]!r} is not a name (letters, digits, _ and -)")
+        if self.model is not None:
+            raise ValueError("an eval stage names the models it compares under `models:`, not `model:`")
+        if self.baseline is not None and self.baseline not in self.models:
+            raise ValueError(f"baseline {self.baseline!r} is not one of models: {', '.join(self.models)}")
+        if self.rewards and self.data is None:
+            raise ValueError("rewards score answers to prompts: give `data: {prompts: FILE}`")
+        if self.data is not None and not self.rewards:
+            raise ValueError("give `rewards:` to score the answers to data.prompts (exact_answer, ...)")
+        if self.data is None and self.lm_eval is None:
+            raise ValueError("give prompts and rewards (`data:`, `rewards:`), or `lm_eval:` tasks, or both")
+        return self
+
+    @property
+    def baseline_name(self) -> str:
+        return self.baseline or next(iter(self.models))
+
+
 @dataclass(frozen=True)
 class StageKind:
     """One row of the stage-kind table: everything align needs to know about a kind, in one place.
@@ -250,6 +321,11 @@ class StageKind:
     def trains(self) -> bool:
         return issubclass(self.spec, TrainingStage)
 
+    @property
+    def ranked(self) -> bool:
+        """Runs on `workers` ranks: a training stage, or an eval stage (its prompts sharded over them)."""
+        return self.trains or issubclass(self.spec, EvalStage)
+
 
 KINDS: dict[str, StageKind] = {
     "sft": StageKind(SFTStage, "trl.SFTConfig", "sft", "never", 1, "align.stages.sft"),
@@ -262,6 +338,7 @@ KINDS: dict[str, StageKind] = {
         PPOStage, "align.trainers.ppo_config.PPOConfig", "prompts", "always", 1, "align.stages.ppo"
     ),
     "merge": StageKind(MergeStage, None, None, "never", 1, "align.stages.merge"),
+    "eval": StageKind(EvalStage, None, "prompts", "never", 1, "align.stages.eval"),
 }
 """KTO's 2 sequences: each completion and the mismatched completion of its KL estimate."""
 

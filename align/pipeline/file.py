@@ -105,6 +105,9 @@ PATH_FIELDS: dict[tuple[str, ...], Callable[[str, Path], str]] = {
     ("stages", "*", "zero2", "config"): file_location,
     ("stages", "*", "trl", "resume_from_checkpoint"): file_location,
     ("stages", "*", "rewards", "*", "model"): model_location,
+    ("stages", "*", "models", "*"): model_location,  # an eval stage's named models
+    ("stages", "*", "data", "prompts"): data_location,
+    ("stages", "*", "lm_eval", "include_path"): file_location,
     ("chat_template",): template_location,
     ("stages", "*", "chat_template"): template_location,
 }

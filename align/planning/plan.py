@@ -45,10 +45,11 @@ class ModelInput:
 @dataclass(frozen=True)
 class StageInputs:
     """The folders a stage reads, resolved on the driver from builtins, paths and upstream records:
-    its model, and each reward model by its index in `rewards:`."""
+    its model, each reward model by its index in `rewards:`, and an eval stage's named models."""
 
     model: ModelInput
     reward_models: dict[int, str] = field(default_factory=dict)
+    models: dict[str, ModelInput] = field(default_factory=dict)  # an eval stage's, by name
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     """Every decision for one stage. Raises ConfigError naming what the chosen backend cannot run."""
     stage, where = pipeline.stages[name], f"stages.{name}"
     trains = KINDS[stage.kind].trains
-    workers = pipeline.stage_setting(name, "workers") if trains else 1
+    workers = pipeline.stage_setting(name, "workers") if KINDS[stage.kind].ranked else 1
     # a merge is checked in fp32, where an exact merge is measurable (and saved in its input's dtype)
     precision = resolve_precision(pipeline.stage_setting(name, "precision"), hardware) if trains else "fp32"
     arch = stage_architecture(pipeline, name) if trains else None
@@ -274,7 +275,9 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         return {option: est for each in BACKENDS.values() for option, est in price(each, placement).items()}
 
     requested = pipeline.stage_setting(name, "backend")
-    if not trains:  # a `defaults.backend` is for the training stages
+    if stage.kind == "eval":
+        requested, reason = "ddp", "an eval trains nothing: each rank holds whole models, the prompts sharded"
+    elif not trains:  # a `defaults.backend` is for the training stages
         requested, reason = "ddp", f"a {stage.kind} runs in one process"
     elif requested == "auto":
         what = (

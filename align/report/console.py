@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.data.scan import data_shape
+from align.models.chat_templates import plan_lines
 from align.models.memory import format_bytes
 from align.models.precision import PURE, PURE_RISK, describe
 from align.planning.plan import Plan, StagePlan
+from align.report.eval_tables import format_eval
 from align.run.package import Package
 
 SHOWN_METRICS = (
@@ -54,6 +56,8 @@ def held_out_source(stage) -> str | None:
     data = getattr(stage.stage, "data", None)
     if data is None:
         return None
+    if hasattr(data, "prompts"):  # an eval stage's
+        return f"the prompts {data.prompts}, asked of each model"
     if data.eval == NO_EVAL:
         return "nothing (eval: none)"
     if data.eval is None:
@@ -67,7 +71,7 @@ def held_out_source(stage) -> str | None:
 def rows_conversion(stage: StagePlan) -> str | None:
     """What is done to a training stage's rows before training (align/data/shapes.py), or None."""
     data = getattr(stage.stage, "data", None)
-    return None if data is None else data_shape(data.train, data.columns)
+    return None if data is None else data_shape(getattr(data, "prompts", None) or data.train, data.columns)
 
 
 def precision_as_run(stage: StagePlan) -> str:
@@ -96,8 +100,8 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"    batching: {stage.batching[0]} ({stage.batching[1]})")
         if stage.lora_targets is not None:
             lines.append(f"    lora targets: {stage.lora_targets.summary}")
-        if stage.chat_template is not None:
-            lines.append(f"    chat template: {stage.chat_template.source}")
+        if getattr(stage.stage, "data", None) is not None or stage.chat_template is not None:
+            lines += [f"    {line}" for line in plan_lines(stage.chat_template, stage.model_source)]
         if stage.resources is not None:
             lines.append(f"    resources: {stage.resources.describe()}")
         if stage.precision == PURE:
@@ -115,6 +119,7 @@ def format_outcomes(outcomes) -> str:
             f"{key}={outcome.metrics[key]:.4g}" for key in SHOWN_METRICS if key in outcome.metrics
         )
         lines.append(f"  {outcome.stage:<10} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
+        lines += format_eval(outcome.metrics)  # an eval stage's table; nothing for the others
     return "\n".join(lines)
 
 

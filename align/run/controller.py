@@ -69,7 +69,11 @@ def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
         for index, reward in enumerate(getattr(stage.stage, "rewards", []))
         if reward.model is not None
     }
-    return StageInputs(model, reward_models)
+    models = {  # an eval stage's, each resolved as a stage's own model is
+        name: model_input(value, f"{stage.where}.models.{name}", folders)
+        for name, value in getattr(stage.stage, "models", {}).items()
+    }
+    return StageInputs(model, reward_models, models)
 
 
 def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
@@ -78,13 +82,23 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
 
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
-    splits = (("train", data.train), ("eval", data.eval if data.eval != NO_EVAL else None)) if data else ()
+    if prompts := getattr(data, "prompts", None):  # an eval stage's
+        splits = (("prompts", prompts),)
+    else:
+        held_out = data.eval if data and data.eval != NO_EVAL else None
+        splits = (("train", data.train), ("eval", held_out)) if data else ()
     inputs = stage.inputs
     own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
     template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
+    named = {  # an eval stage's models that are not an upstream's output (those are in its fingerprint)
+        name: records.model_identity(model.base)
+        for name, model in inputs.models.items()
+        if reference_target(stage.stage.models[name]) is None
+    }
     return digest(
         {
             **template,
+            **({"models": named} if named else {}),
             "stage": stage.stage.model_dump(mode="json"),
             "backend": stage.backend,
             "workers": stage.workers,

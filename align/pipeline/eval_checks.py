@@ -1,0 +1,40 @@
+"""An eval stage's cross-key checks: its named models exist, its rewards are usable (as an RL stage's are),
+and every row of its prompts file fits (align.data.scan)."""
+
+from __future__ import annotations
+
+from align.config.spec import EvalStage, Pipeline
+from align.data.scan import check_data, columns_problem
+from align.errors import Problem
+from align.models.loading import model_problem
+from align.pipeline.graph import reference_target
+from align.rewards import args_problem, function_problem
+
+
+def eval_problems(pipeline: Pipeline, reward_model_problems) -> list[Problem]:
+    """Every problem of every eval stage; `reward_model_problems` is the RL stages' own check."""
+    problems = []
+    allow = pipeline.allow_custom_code
+    for name, stage in pipeline.stages.items():
+        if not isinstance(stage, EvalStage):
+            continue
+        where = f"stages.{name}"
+        for model, value in stage.models.items():
+            if reference_target(value) is None and "${" not in value:
+                if (message := model_problem(value, allow_custom_code=allow)) is not None:
+                    problems.append(Problem(f"{where}.models.{model}", message))
+        for index, reward in enumerate(stage.rewards):
+            path = f"{where}.rewards[{index}]"
+            if reward.model is not None:
+                problems += reward_model_problems(pipeline, reward.model, f"{path}.model")
+            elif (message := function_problem(reward.function, allow)) is not None:
+                problems.append(Problem(f"{path}.function", message))
+            elif (message := args_problem(reward.function, reward.args)) is not None:
+                problems.append(Problem(f"{path}.args", message))
+        if stage.data is not None:
+            data, path = stage.data, f"{where}.data.prompts"
+            if data.columns and (message := columns_problem(data.prompts, "prompts", data.columns)):
+                problems.append(Problem(f"{where}.data.columns", message))
+            elif (message := check_data(data.prompts, "prompts", path, data.columns)) is not None:
+                problems.append(Problem(path, message))
+    return problems
