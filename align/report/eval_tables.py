@@ -4,7 +4,10 @@ names them `eval/<model>/<reward>` with `/low`, `/high`, `/n`, `/win`, `/win_low
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 EVAL_HEADER = ["model", "reward", "mean [95% CI]", "n", "win rate vs baseline [95% CI]"]
 LM_EVAL_HEADER = ["model", "task", "metric", "value"]
@@ -91,3 +94,18 @@ def format_eval(metrics: dict[str, float], indent: str = "    ") -> list[str]:
             cells = "  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths, strict=True))
             lines.append((indent + cells).rstrip())
     return lines
+
+
+def side_by_side(record: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the few prompts an eval stage shows with every model's first answer, read from its
+    eval/results.json; empty when there is none."""
+    path = Path(record.get("output", {}).get("path", "")) / "results.json"
+    if not record.get("output") or not path.is_file():
+        return [], []
+    results = json.loads(path.read_text())
+    models = results["models"]
+    rows = [
+        [sample["prompt"], *(sample[name].replace("\n", "⏎") for name in models)]
+        for sample in results["samples"]
+    ]
+    return ["prompt", *models], rows

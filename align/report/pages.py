@@ -8,7 +8,16 @@ import html
 from pathlib import Path
 from typing import Any
 
-from align.report.plots import Plot
+from align.report.eval_tables import (
+    LM_EVAL_HEADER,
+    figures,
+    harness_rows,
+    header,
+    is_eval,
+    side_by_side,
+    table_rows,
+)
+from align.report.plots import Plot, interval_plot
 from align.report.run_folder import (
     MEASURED_HEADER,
     OVERVIEW,
@@ -95,9 +104,11 @@ def html_stage(stage: StageReport) -> str:
     if stage.plot is not None:
         parts.append(image(stage.plot, f"{stage.name}: " + ", ".join(stage.plot.panels)))
     metrics = record.get("metrics", {})
+    if is_eval(metrics):
+        parts.append(html_eval(stage.name, record))
     if held_out_rows(metrics):
         parts.append("<h3>Held out, before and after</h3>" + html_table(HELD_OUT, held_out_table(metrics)))
-    if other_metrics(metrics):
+    if other_metrics(metrics) and not is_eval(metrics):
         rows = [[key, number(value)] for key, value in other_metrics(metrics).items()]
         parts.append("<h3>Other metrics</h3>" + html_table(["metric", "value"], rows))
     if sample_rows(stage):
@@ -114,6 +125,32 @@ def html_stage(stage: StageReport) -> str:
             parts.append(html_table(MEASURED_HEADER, measured))
     parts.append(f"<details><summary>settings</summary><pre>{escape(settings(stage))}</pre></details>")
     return "\n".join(parts) + "</section>"
+
+
+def html_eval(name: str, record: dict[str, Any]) -> str:
+    """An eval stage's comparison: the table, its plot with interval bars, lm-eval scores, answers side by
+    side."""
+    metrics = record["metrics"]
+    parts = ["<h3>Models compared (95% bootstrap intervals over prompts)</h3>"]
+    if rows := table_rows(metrics):
+        parts.append(html_table(header(metrics), rows))
+        parts.append(image(interval_plot(f"{name}: models compared", figures(metrics)), f"{name}: intervals"))
+    if rows := harness_rows(metrics):
+        parts.append("<h3>lm-evaluation-harness</h3>" + html_table(LM_EVAL_HEADER, rows))
+    top, rows = side_by_side(record)
+    if rows:
+        parts.append("<h3>Answers side by side</h3>" + html_table(top, rows, tuple(range(len(top)))))
+    return "\n".join(parts)
+
+
+def markdown_eval(record: dict[str, Any]) -> list[str]:
+    metrics, lines = record.get("metrics", {}), []
+    if rows := table_rows(metrics):
+        lines += md_table(header(metrics), rows)
+    if rows := harness_rows(metrics):
+        lines += md_table(LM_EVAL_HEADER, rows)
+    top, rows = side_by_side(record)
+    return lines + (md_table(top, rows) if rows else [])
 
 
 def html_page(run: RunReport) -> str:
@@ -145,6 +182,8 @@ def markdown_stage(stage: StageReport) -> list[str]:
     if stage.plot is not None:
         lines += [f"Plots: {', '.join(stage.plot.panels)}.", ""]
     metrics = stage.record.get("metrics", {})
+    if is_eval(metrics):
+        lines += markdown_eval(stage.record)
     if held_out_rows(metrics):
         lines += md_table(HELD_OUT, held_out_table(metrics))
     if sample_rows(stage):

@@ -106,7 +106,16 @@ def stage_plot(title: str, history: list[dict[str, Any]]) -> Plot | None:
             steps, values = found[key]
             marker = "o" if len(values) < MARKERS_UNDER else None
             style = "--" if key.startswith("eval_") else "-"
-            axes.plot(steps, values, style, marker=marker, markersize=3, label=key)
+            if len(values) <= 2:  # measured before and after only: two points, no trajectory between them
+                style, marker = "none", "o"
+            axes.plot(
+                steps,
+                values,
+                linestyle=style,
+                marker=marker,
+                markersize=3 if style != "none" else 6,
+                label=key,
+            )
         axes.set_title(name)
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
@@ -158,3 +167,38 @@ def dag_plot(order: list[str], edges: dict[str, list[str]], labels: dict[str, st
             bbox={"boxstyle": "round", "facecolor": "#e8f0fe", "edgecolor": "#4a6fa5"},
         )
     return Plot(png(figure), ["stages"])
+
+
+def interval_plot(title: str, rows: list[Any]) -> Plot:
+    """An eval stage's figures: per reward, each model's mean with its 95% interval as an error bar, and
+    beside it the win rate against the baseline with its interval (0.5, no difference, dashed). `rows` are
+    align.report.eval_tables.Figure."""
+    from matplotlib.figure import Figure
+
+    rewards = list(dict.fromkeys(row.reward for row in rows))
+    figure = Figure(figsize=(8.4, 0.5 + 0.45 * len(rows) + 0.6 * len(rewards)), layout="constrained")
+    figure.suptitle(title)
+    grid = figure.subplots(len(rewards), 2, squeeze=False)
+    for (mean_axes, win_axes), reward in zip(grid, rewards, strict=True):
+        found = [row for row in rows if row.reward == reward]
+        names = [row.model for row in found]
+        places = list(range(len(found)))
+        means = [row.mean for row in found]
+        spans = [[row.mean - row.low for row in found], [row.high - row.mean for row in found]]
+        mean_axes.errorbar(means, places, xerr=spans, fmt="o", capsize=4)
+        mean_axes.set_title(f"{reward}: mean [95% CI]", fontsize="medium")
+        wins = [(i, row.win) for i, row in enumerate(found) if row.win is not None]
+        if wins:
+            at = [i for i, _ in wins]
+            values = [win[0] for _, win in wins]
+            errors = [[win[0] - win[1] for _, win in wins], [win[2] - win[0] for _, win in wins]]
+            win_axes.errorbar(values, at, xerr=errors, fmt="s", color="#b5523b", capsize=4)
+        win_axes.axvline(0.5, linestyle="--", color="0.5")
+        win_axes.set_xlim(-0.05, 1.05)
+        win_axes.set_title(f"{reward}: win rate vs baseline (ties half)", fontsize="medium")
+        for axes in (mean_axes, win_axes):
+            axes.set_yticks(places, names)
+            axes.set_ylim(-0.6, len(found) - 0.4)
+            axes.invert_yaxis()
+            axes.grid(alpha=0.3, axis="x")
+    return Plot(png(figure), [f"{reward}: mean and win rate" for reward in rewards])
