@@ -23,7 +23,6 @@ $(SETUP): pyproject.toml scripts/prebuild_ops.py
 
 demo: $(SETUP)
 	@$(OFFLINE) $(ALIGN) run $(DEMO)
-	@$(OFFLINE) $(PY) scripts/demo_answers.py runs/number-or-word
 	@printf "\nthe run's report (curves, held-out samples, memory), to open in a browser:\n"
 	@$(OFFLINE) $(ALIGN) report $(DEMO)
 

@@ -1,5 +1,5 @@
 """The demo pipeline end to end through the real CLI, Ray, TRL and PEFT: SFT -> DPO (LoRA) -> merge on the
-number-or-word task, then the demo's own ending (scripts/demo_answers.py) and its report.
+number-or-word task, then the demo's own ending (an eval stage comparing base, SFT and merged) and its report.
 
 One run is shared by the tests below (about 70 s on 2 cores); reruns check skipping and invalidation.
 """
@@ -59,25 +59,27 @@ def test_sft_loss_falls(demo_run):
 
 def test_dpo_beats_the_sft_model_it_started_from(demo_run):
     metrics = record(demo_run[0], "dpo")["metrics"]
+    assert metrics["dpo_reward_accuracy_before"] == 0.5  # policy = reference: every pair ties, counted half
+    assert metrics["dpo_reward_ties_before"] == 1.0
     assert metrics["dpo_reward_accuracy_after"] >= 0.9  # chosen above rejected, policy vs reference
     assert metrics["preference_margin_after"] > metrics["preference_margin_before"]
 
 
-def test_the_demo_ends_with_held_out_answers_dpo_got_right_and_sft_did_not(demo_run):
-    """The demo's last word, as `make demo` prints it: the held-out items asked of each model."""
-    script = Path(__file__).parents[1] / "scripts" / "demo_answers.py"
-    done = subprocess.run(
-        [sys.executable, str(script), str(demo_run[0])], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    totals = re.findall(
-        r"^  (.+?)\s+right word\s+(\d+)/64\s+right word and period\s+(\d+)/64$", done.stdout, re.M
-    )
-    scores = {name: (int(word), int(exact)) for name, word, exact in totals}
-    assert scores["base (random init)"] == (0, 0)
-    assert scores["after SFT"][0] >= 58 and scores["after SFT"][1] < 32  # the task, mostly without a period
-    assert scores["after DPO, merged"][1] >= 58  # the period DPO preferred, on items it never saw
-    assert "Number or word? " in done.stdout and "'number.'" in done.stdout and "'word.'" in done.stdout
+def test_the_demo_ends_with_an_eval_where_dpo_got_the_period_right_and_sft_did_not(demo_run):
+    """The demo's last word, as `make demo` prints it: the held-out items asked of each model, scored with
+    intervals, and the merged model's win rate against SFT."""
+    folder, output = demo_run
+    metrics = record(folder, "eval")["metrics"]
+    assert metrics["eval/base/exact_answer"] == 0.0
+    assert metrics["eval/sft/exact_answer"] >= 58 / 64 and metrics["eval/sft/format"] < 0.5
+    assert metrics["eval/merged/format"] >= 58 / 64  # the period DPO preferred, on items it never saw
+    assert metrics["eval/merged/format/win_low"] > 0.5  # better than SFT, interval and all
+    for name in ("base", "sft", "merged"):
+        assert metrics[f"eval/{name}/exact_answer/n"] == 64.0
+    table = output[output.index("summary:") :]
+    assert re.search(r"merged\s+format\s+1\.000 \[1\.000, 1\.000\]\s+64\s+1\.000 \[", table), table
+    answers = [json.loads(line) for line in (folder / "eval/eval/answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 64 and answers[0]["answers"]["merged"][0] in ("number.", "word.")
 
 
 def test_stage_folders_hold_exactly_the_expected_files(demo_run):
@@ -172,7 +174,7 @@ def test_the_demo_report_has_every_plot_as_a_real_png_and_lists_every_stage(demo
     page, summary = demo_report
     text = page.read_text()
     images = inline_images(text)
-    assert set(images) == {"stages and which feeds which", "sft", "dpo"}  # merge logs no curve
+    assert set(images) == {"stages and which feeds which", "sft", "dpo", "eval"}  # merge logs no curve
     assert {stage: images[stage][1] for stage in DEMO_PANELS} == DEMO_PANELS
     for png, _ in images.values():
         assert ink(png) > 0.02
@@ -183,7 +185,9 @@ def test_the_demo_report_has_every_plot_as_a_real_png_and_lists_every_stage(demo
         "## sft",
         "## dpo",
         "## merge",
+        "## eval",
     ]
+    assert "| merged | format | 1.000 [1.000, 1.000] | 64 | 1.000 [" in markdown
     assert "- dpo <- sft" in markdown and "- merge <- dpo" in markdown
     assert "| preference_accuracy |" in markdown and "| eval_loss |" in markdown
     assert "| parameters |" in markdown  # the memory plan, beside each rank's measured peak
@@ -200,6 +204,7 @@ def test_the_demo_report_shows_its_plots_in_headless_chromium(demo_report):
         "stages and which feeds which",
         "sft",
         "dpo",
+        "eval",
     ]
     assert all(image["complete"] and image["width"] > 300 and image["height"] > 100 for image in seen.images)
 
@@ -257,13 +262,20 @@ def test_a_rerun_with_every_stage_up_to_date_starts_no_ray_and_imports_no_torch(
 
 def test_rerun_skips_every_stage_and_a_changed_trl_value_reruns_it_and_downstream(demo_run):
     folder, _ = demo_run
-    stamps = {stage: (folder / stage / RECORD).stat().st_mtime_ns for stage in ("sft", "dpo", "merge")}
+    stamps = {
+        stage: (folder / stage / RECORD).stat().st_mtime_ns for stage in ("sft", "dpo", "merge", "eval")
+    }
     again = align_run(folder.parent)
-    assert status_lines(again) == {"sft": "skipped", "dpo": "skipped", "merge": "skipped"}
+    assert status_lines(again) == {"sft": "skipped", "dpo": "skipped", "merge": "skipped", "eval": "skipped"}
     assert stamps == {stage: (folder / stage / RECORD).stat().st_mtime_ns for stage in stamps}
 
     changed = align_run(folder.parent, "--set", "stages.dpo.trl.beta=0.2")
-    assert status_lines(changed) == {"sft": "skipped", "dpo": "running", "merge": "running"}
+    assert status_lines(changed) == {
+        "sft": "skipped",
+        "dpo": "running",
+        "merge": "running",
+        "eval": "running",
+    }
     assert (folder / "sft" / RECORD).stat().st_mtime_ns == stamps["sft"]
     assert record(folder, "dpo")["config"]["trl"]["beta"] == 0.2
 
@@ -271,4 +283,4 @@ def test_rerun_skips_every_stage_and_a_changed_trl_value_reruns_it_and_downstrea
 def test_force_reruns_the_named_stage_and_what_follows_only(demo_run):
     folder, _ = demo_run
     forced = align_run(folder.parent, "--set", "stages.dpo.trl.beta=0.2", "--force", "merge")
-    assert status_lines(forced) == {"sft": "skipped", "dpo": "skipped", "merge": "running"}
+    assert status_lines(forced) == {"sft": "skipped", "dpo": "skipped", "merge": "running", "eval": "running"}

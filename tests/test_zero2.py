@@ -239,7 +239,6 @@ def test_held_out_metrics_are_measured_before_and_after_under_zero2(zero2_run) -
     assert sft["eval_loss_after"] < sft["eval_loss_before"]
     for name in ("lora_dpo", "qlora_dpo"):
         dpo = stage_record(zero2_run, name)["metrics"]
-        assert (
-            dpo["dpo_reward_accuracy_before"] == dpo["dpo_reward_margin_before"] == 0.0
-        )  # policy = reference
+        assert dpo["dpo_reward_margin_before"] == 0.0  # policy = reference: every pair ties
+        assert dpo["dpo_reward_accuracy_before"] == 0.5 and dpo["dpo_reward_ties_before"] == 1.0
         assert dpo["dpo_reward_margin_after"] != 0.0  # and measured again once trained

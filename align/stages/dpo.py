@@ -30,7 +30,7 @@ def run(ctx: StageContext) -> StageResult:
     def scores(phase: str) -> dict[str, float]:
         """Two judgements of the held-out pairs: the policy's own log-probs (`preference_*`), and DPO's
         implicit reward against the reference (`dpo_reward_*`, what TRL reports as rewards/accuracies and
-        rewards/margins; zero before training, when the policy is the reference)."""
+        rewards/margins; before training, when the policy is the reference, every pair ties: 0.5)."""
         own = suffixed(
             preference_scores(trainer.model, tokenizer, evaluation, config.max_length or 1024), phase
         )
@@ -40,7 +40,7 @@ def run(ctx: StageContext) -> StageResult:
         logged = [entry for entry in trainer.state.log_history if "eval_rewards/accuracies" in entry]
         return {
             **own,
-            **suffixed(against_reference(logged[0]), "before"),
+            **suffixed(against_reference(logged[0], before=True), "before"),
             **suffixed(against_reference(logged[-1]), "after"),
         }
 
@@ -51,9 +51,16 @@ def run(ctx: StageContext) -> StageResult:
     return train_stage(ctx, training)
 
 
-def against_reference(logged: dict[str, float]) -> dict[str, float]:
-    """DPO's implicit reward of chosen over rejected, from one of TRL's logged evaluations."""
-    return {
-        "dpo_reward_accuracy": logged["eval_rewards/accuracies"],
-        "dpo_reward_margin": logged["eval_rewards/margins"],
-    }
+def against_reference(logged: dict[str, float], *, before: bool = False) -> dict[str, float]:
+    """DPO's implicit reward of chosen over rejected, from one of TRL's logged evaluations.
+
+    TRL counts a pair as right only when chosen's reward is strictly above rejected's, so a tie counts as
+    wrong. Before training the policy is the reference (LoRA's B starts at zero; a full-parameter reference
+    is a copy): every implicit reward is 0 and every pair ties, which TRL reports as accuracy 0, read as
+    "learned from zero". Ties count half here, as in any win rate: 0.5, and `dpo_reward_ties` says so."""
+    accuracy = logged["eval_rewards/accuracies"]
+    found = {"dpo_reward_margin": logged["eval_rewards/margins"]}
+    sides = ("eval_rewards/chosen", "eval_rewards/rejected", "eval_rewards/margins")
+    if before and all(logged.get(key) == 0.0 for key in sides):  # the policy equals the reference
+        accuracy, found["dpo_reward_ties"] = 0.5, 1.0
+    return {"dpo_reward_accuracy": accuracy, **found}
