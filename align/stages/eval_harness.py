@@ -5,12 +5,30 @@ one process; an eval stage spreads its models over its ranks instead (align/stag
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from align.config.spec import LmEvalSpec
 from align.errors import ConfigError, Problem
 
 SKIPPED = ("alias", "sample_len", "samples")
+
+
+@contextmanager
+def single_process() -> Iterator[None]:
+    """lm-eval returns its results only where LOCAL_RANK is 0 (it reads a launcher's rank from there), but
+    here each rank runs its own models alone: every rank is rank 0 to lm-eval while it runs."""
+    saved = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LOCAL_RANK")
+        else:
+            os.environ["LOCAL_RANK"] = saved
 
 
 def task_scores(model: Any, tokenizer: Any, spec: LmEvalSpec, seed: int, where: str) -> dict[str, dict]:
@@ -31,19 +49,20 @@ def task_scores(model: Any, tokenizer: Any, spec: LmEvalSpec, seed: int, where: 
         )
         raise ConfigError([Problem(f"{where}.lm_eval.tasks", message)])
     harness_model = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8)
-    results = lm_eval.simple_evaluate(
-        model=harness_model,
-        tasks=list(spec.tasks),
-        limit=spec.limit,
-        num_fewshot=spec.num_fewshot,
-        task_manager=manager,
-        apply_chat_template=spec.apply_chat_template and tokenizer.chat_template is not None,
-        log_samples=False,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    with single_process():
+        results = lm_eval.simple_evaluate(
+            model=harness_model,
+            tasks=list(spec.tasks),
+            limit=spec.limit,
+            num_fewshot=spec.num_fewshot,
+            task_manager=manager,
+            apply_chat_template=spec.apply_chat_template and tokenizer.chat_template is not None,
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     return {
         task: {
             name: float(value)
