@@ -24,6 +24,7 @@ SLOW_SUITES = {
     "test_families",
     "test_chat_templates",
     "test_data_cache",
+    "test_eval_stage",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
 submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs and the stage per data

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from align.backends import Backend
-from align.config.spec import KINDS, PPOStage, RewardedStage, StageBase, TrainingStage
+from align.config.spec import KINDS, EvalStage, PPOStage, RewardedStage, StageBase, TrainingStage
 from align.models.memory import FrozenModel
 from align.pipeline.trl_args import trl_setting
 
@@ -74,6 +74,12 @@ def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False)
     during training. Online RL (data kind `prompts`) needs the reference on each rollout's new
     completions, so theirs stays.
     """
+    if isinstance(stage, EvalStage):  # no policy: each named model in turn, whole on every rank
+        described = {"models": f"{', '.join(stage.models)}: each whole on every rank, one at a time"}
+        held = REWARD_MODELS_NONE
+        if stage.rewards:
+            held, described["rewards"] = reward_placement(stage, backend)
+        return Placement("whole", REFERENCE_NONE, described, held, VALUE_NONE)
     lora = isinstance(stage, TrainingStage) and stage.lora is not None
     policy = policy_placement(backend, lora, lora and stage.lora.load_in_4bit)
     description = {"policy": policy}

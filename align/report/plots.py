@@ -78,6 +78,15 @@ def panels(keys: list[str]) -> list[tuple[str, list[str]]]:
     return [(title, claimed[title]) for title, _ in PANELS if title in claimed]
 
 
+def series_style(key: str, points: int) -> tuple[str, str | None]:
+    """(line style, marker) of a logged series: eval series dashed; few points marked; a metric measured at
+    two points only (before and after training) as two markers with no line, since no trajectory between
+    them was measured."""
+    if points <= 2:
+        return "none", "o"
+    return ("--" if key.startswith("eval_") else "-"), ("o" if points < MARKERS_UNDER else None)
+
+
 def png(figure: Any) -> bytes:
     """The figure rendered by matplotlib's Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -104,18 +113,9 @@ def stage_plot(title: str, history: list[dict[str, Any]]) -> Plot | None:
         axes = figure.add_subplot(rows, columns, index + 1)
         for key in keys:
             steps, values = found[key]
-            marker = "o" if len(values) < MARKERS_UNDER else None
-            style = "--" if key.startswith("eval_") else "-"
-            if len(values) <= 2:  # measured before and after only: two points, no trajectory between them
-                style, marker = "none", "o"
-            axes.plot(
-                steps,
-                values,
-                linestyle=style,
-                marker=marker,
-                markersize=3 if style != "none" else 6,
-                label=key,
-            )
+            style, marker = series_style(key, len(values))
+            size = 6 if style == "none" else 3
+            axes.plot(steps, values, linestyle=style, marker=marker, markersize=size, label=key)
         axes.set_title(name)
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
