@@ -1,19 +1,24 @@
-"""A real multi-node Ray on loopback: two `ray start` nodes of one CPU each (token auth off), started and
-stopped by their own process groups, never `ray stop`. Stages reserve one bundle per rank all at once:
-a 2-rank stage spreads over both nodes, a 1-rank stage after it runs (it once asked for the cluster's
-total and waited forever), a request no node holds fails within its `wait_s`, SIGTERM stops a run as
-Ctrl-C does, a run with no `--address` joins the head running on this machine, and a node lost mid-stage
-ends the stage in one line when the rest cannot hold its retry. `make test-cluster`."""
+"""A real multi-node Ray on loopback: two `ray start` nodes of one CPU each (token auth off, their own
+Ray temp folder), started and stopped by their own process groups, never `ray stop`. Stages reserve one
+bundle per rank all at once: a 2-rank stage spreads over both nodes, a 1-rank stage after it runs (it once
+asked for the cluster's total and waited forever), a request no node holds fails within its `wait_s`,
+SIGTERM stops a run as Ctrl-C does (in the reservation's wait and mid-stage), a run with no `--address`
+joins the head running on this machine (and a stale pointer to a killed head is named, an embedded Ray
+used), and a node lost mid-stage is retried from its checkpoint on the nodes left when they hold the
+stage, and ends the stage in one line when they cannot. `make test-cluster`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +29,6 @@ from tests.pipelines import SFT_DATA, stage, stage_folder, stage_record, write_p
 pytestmark = pytest.mark.cluster
 
 BIN = Path(sys.executable).parent
-POINTER = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
 DATA = {**SFT_DATA, "max_train_rows": 32, "max_eval_rows": 8}
 
 
@@ -64,11 +68,17 @@ def wait_for_nodes(address: str, count: int, env: dict, timeout: float = 120) ->
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(address, env, nodes): a head and one more node on loopback, one CPU each, stopped afterwards."""
+    """(address, env, nodes): a head and one more node on loopback, one CPU each, stopped afterwards.
+
+    Its Ray temp folder is its own (RAY_TMPDIR, short for Ray's socket paths): the pointer its head
+    leaves there is seen only by the runs given this env, not by other runs on the machine, which would
+    otherwise join this head instead of starting their embedded Ray."""
     folder = tmp_path_factory.mktemp("cluster")
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "disabled",
+        "RAY_TMPDIR": str(temp),
         "PATH": f"{BIN}:{os.environ['PATH']}",
         "HF_HUB_OFFLINE": "1",
     }
@@ -86,13 +96,25 @@ def cluster(tmp_path_factory):
         yield address, env, nodes
     finally:
         for node in reversed(nodes):
-            try:
-                os.killpg(node.pid, signal.SIGTERM)
-                node.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(node.pid, signal.SIGKILL)
-        if POINTER.is_file() and POINTER.read_text().strip().endswith(f":{port}"):
-            POINTER.unlink()  # the pointer our head left: a later Ray must not try to join it
+            stop_node(node)
+        pointer = temp / "ray" / "ray_current_cluster"
+        if pointer.is_file() and pointer.read_text().strip().endswith(f":{port}"):
+            pointer.unlink()  # the pointer our head left (in our own temp folder)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def stop_node(node: subprocess.Popen) -> None:
+    """Stop one `ray start --block` node by its own process group (never `ray stop`: it stops every Ray
+    on the machine)."""
+    try:
+        os.killpg(node.pid, signal.SIGTERM)
+        node.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait(timeout=10)
+    except ProcessLookupError:
+        node.wait(timeout=10)
 
 
 def align(*args: str, env: dict, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -111,8 +133,55 @@ def align_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if re.match(r"ray: |\[[A-Za-z_][\w-]*\] ", line)]
 
 
+def start_run(path: Path, address: str, env: dict) -> subprocess.Popen:
+    command = [sys.executable, "-m", "align.cli", "run", str(path), "--address", address]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_file(folder: Path, pattern: str, run: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not list(folder.glob(pattern)):
+        assert time.time() < deadline and run.poll() is None, f"no {pattern} in {folder}"
+        time.sleep(0.5)
+
+
+def wait_for_step(folder: Path, step: int, run: subprocess.Popen, timeout: float = 300) -> None:
+    def reached() -> bool:
+        for progress in folder.glob(".sft.tmp-*/logs/progress.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                return json.loads(progress.read_text())["step"] >= step
+        return False
+
+    deadline = time.time() + timeout
+    while not reached():
+        assert time.time() < deadline and run.poll() is None, f"no step {step} in {folder}"
+        time.sleep(0.2)
+
+
 def nodes_of(path: Path, name: str) -> list[str]:
     return [rank["node_id"] for rank in stage_record(path, name)["ranks"]]
+
+
+def test_a_stale_pointer_to_a_killed_head_is_named_and_an_embedded_ray_runs(tmp_path):
+    """Before the cluster starts: a pointer in Ray's temp folder to a head that no longer answers (as a
+    killed head leaves it) made `ray.init(num_cpus=...)` raise; the run names it and starts its own Ray."""
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    try:
+        (temp / "ray").mkdir()
+        dead = f"127.0.0.1:{free_port()}"
+        (temp / "ray" / "ray_current_cluster").write_text(dead)
+        env = {**os.environ, "RAY_TMPDIR": str(temp), "HF_HUB_OFFLINE": "1"}
+        env.pop("RAY_ADDRESS", None)
+        path = write_pipeline(tmp_path, "stale", {"sft": stage("sft", steps=2, batch=2, data=DATA)})
+        done = align("run", str(path), env=env)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert align_lines(done.stdout)[0] == (
+        f"ray: embedded on this machine, {os.cpu_count()} CPUs (the pointer to a Ray head at {dead} left in "
+        "Ray's temp folder is stale: no head answers)"
+    )
+    assert "Traceback" not in done.stderr
 
 
 def test_two_ranks_spread_then_one_rank_then_two_again(cluster, tmp_path):
@@ -146,31 +215,44 @@ def test_a_request_no_node_holds_fails_within_its_wait(cluster, tmp_path):
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert error == [
         "error: stage 'sft': Ray could not reserve 1 x {CPU: 2} (pack) in 20 s; the largest node has "
-        "{CPU: 1}: lower `resources:` or `workers:`, or add nodes (`ray status`)"
+        "{CPU: 1}: lower `resources:` or `workers:`, or add nodes; check `ray status`"
     ]
     assert "Traceback" not in done.stderr
+
+
+def test_sigterm_while_the_stage_waits_for_its_reservation(cluster, tmp_path):
+    """SIGTERM while Ray cannot yet reserve the stage's bundles: 143, the stage kept, nothing reserved."""
+    address, env, _ = cluster
+    big = stage("sft", data=DATA, resources={"cpus_per_worker": 2})
+    path = write_pipeline(tmp_path, "wait", {"sft": big})
+    run = start_run(path, address, env)
+    wait_for_file(tmp_path / "runs" / "wait", ".sft.tmp-*", run)
+    time.sleep(3)  # past joining: the driver is in the reservation's wait
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 143, out[-2000:] + err[-2000:]
+    assert "SIGTERM received" not in err and "PC: @" not in err and "Traceback" not in err
+    assert "interrupted: stage 'sft' stopped (no checkpoint yet, so it starts over)" in err
+    assert f"`align run {path}` resumes it" in err
+    assert list((tmp_path / "runs" / "wait").glob(".sft.failed-*"))
+    probe = (
+        f"import ray; ray.init(address={address!r}); "
+        "print(sorted({g['state'] for g in ray.util.placement_group_table().values()}))"
+    )
+    held = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert "PENDING" not in held.stdout and "CREATED" not in held.stdout, held.stdout + held.stderr[-2000:]
 
 
 def test_sigterm_mid_stage_exits_143_and_keeps_the_stage(cluster, tmp_path):
     address, env, _ = cluster
     path = write_pipeline(tmp_path, "term", {"sft": stage("sft", steps=5000, batch=2, data=DATA, workers=2)})
-    run = subprocess.Popen(
-        [sys.executable, "-m", "align.cli", "run", str(path), "--address", address],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline and not list(
-        (tmp_path / "runs" / "term").glob(".sft.tmp-*/logs/progress.json")
-    ):
-        time.sleep(1)
+    run = start_run(path, address, env)
+    wait_for_file(tmp_path / "runs" / "term", ".sft.tmp-*/logs/progress.json", run)
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 143, out[-2000:] + err[-2000:]
-    assert "SIGTERM received" not in err and "PC: @" not in err
-    assert "`align run" in err and "resumes it" in err
+    assert "SIGTERM received" not in err and "PC: @" not in err and "Traceback" not in err
+    assert "interrupted: stage 'sft' stopped" in err and f"`align run {path}` resumes it" in err
     assert list((tmp_path / "runs" / "term").glob(".sft.failed-*"))
 
 
@@ -186,24 +268,37 @@ def test_a_run_without_address_joins_the_head_running_here(cluster, tmp_path):
     assert json.loads((stage_folder(path, "sft") / "align-stage.json").read_text())["status"] == "succeeded"
 
 
+def test_a_node_lost_mid_stage_is_retried_from_its_checkpoint_on_the_nodes_left(cluster, tmp_path):
+    """Two ranks of half a CPU spread over both nodes; the second node is killed mid-stage; the stage is
+    retried from its latest checkpoint on the head alone (which holds both bundles), and ends well. A
+    fresh second node then joins for the next test."""
+    address, env, nodes = cluster
+    trl = {"save_strategy": "steps", "save_steps": 10}
+    resources = {"cpus_per_worker": 0.5, "strategy": "spread", "wait_s": 120}
+    sft = stage("sft", steps=400, batch=2, data=DATA, workers=2, resources=resources, trl=trl)
+    path = write_pipeline(tmp_path, "retry", {"sft": sft})
+    run = start_run(path, address, env)
+    wait_for_step(tmp_path / "runs" / "retry", 20, run)
+    os.killpg(nodes[1].pid, signal.SIGKILL)
+    out, err = run.communicate(timeout=400)
+    assert run.returncode == 0, out[-2000:] + err[-2000:]
+    assert "lost a worker" in out and "retry 1 of 2, from the last checkpoint" in out
+    record = stage_record(path, "sft")
+    assert record["retries"] == 1 and record["resumed_from"] >= 10
+    assert len({rank["node_id"] for rank in record["ranks"]}) == 1  # the head's
+    stop_node(nodes.pop())
+    nodes.append(start_node("--address", address, log=tmp_path / "node.log", env=env))
+    wait_for_nodes(address, 2, env)
+
+
 def test_a_node_lost_mid_stage_fails_in_one_line_when_the_rest_cannot_hold_the_retry(cluster, tmp_path):
     """Last in the module: it stops the second node. The lost worker is retried from the latest checkpoint,
     which needs both nodes again: the reservation waits its `wait_s`, then the stage ends in one line."""
     address, env, nodes = cluster
     sft = stage("sft", steps=5000, batch=2, data=DATA, workers=2, resources={"wait_s": 15})
     path = write_pipeline(tmp_path, "lost", {"sft": sft})
-    run = subprocess.Popen(
-        [sys.executable, "-m", "align.cli", "run", str(path), "--address", address],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline and not list(
-        (tmp_path / "runs" / "lost").glob(".sft.tmp-*/logs/progress.json")
-    ):
-        time.sleep(1)
+    run = start_run(path, address, env)
+    wait_for_file(tmp_path / "runs" / "lost", ".sft.tmp-*/logs/progress.json", run)
     os.killpg(nodes[1].pid, signal.SIGKILL)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 2, out[-2000:] + err[-2000:]

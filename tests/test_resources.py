@@ -60,3 +60,19 @@ def test_a_request_this_machine_cannot_hold_is_refused_before_ray_starts(tmp_pat
 def test_ranks_of_one_node_come_together_whatever_order_ray_started_them() -> None:
     places = [("10.0.0.1", [], "b"), ("10.0.0.1", [], "a"), ("10.0.0.1", [], "b"), ("10.0.0.1", [], "a")]
     assert rank_order(places) == [0, 2, 1, 3]  # two nodes behind one IP, told apart by id
+
+
+def test_plan_says_what_this_machine_makes_of_a_cpu_request(tmp_path: Path, capsys) -> None:
+    """More CPU ranks than cores share them (fractions of a CPU); a fixed request it cannot hold is named
+    in the plan, and `align run` without --address refuses it."""
+    cores = os.cpu_count()
+    path = write_pipeline(tmp_path, "res", {"sft": stage("sft")}, workers=cores + 1)
+    assert main(["plan", str(path)]) == 0
+    each = f"{int(cores / (cores + 1) * 10_000) / 10_000:g}"
+    line = f"embedded: {cores + 1} ranks share this machine's {cores} cores ({each} CPU each, 1 on a cluster)"
+    assert line in capsys.readouterr().out
+    assert main(["plan", str(path), "--set", "defaults.resources.cpus_per_worker=1"]) == 0
+    assert (
+        f"this machine cannot hold it (stages.sft.resources.cpus_per_worker: {cores + 1} ranks x 1 CPUs need "
+        in capsys.readouterr().out
+    )

@@ -4,6 +4,7 @@ default that depends on which Ray it joined: the CPUs of a CPU rank."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ class Request:
     custom: dict[str, float] = field(default_factory=dict)
     strategy: str = "pack"
     wait_s: float = 600.0
+    stage: str = ""  # whose request: names the YAML path of a refusal
 
     def bundle(self, cpus: float) -> dict[str, float]:
         """One rank's bundle, with `cpus` for a request that left them to where the group starts."""
@@ -29,14 +31,39 @@ class Request:
         custom = {key: f"{value:g}" for key, value in self.custom.items()}
         each = {"CPU": cpus, **({"GPU": f"{self.gpus:g}"} if self.gpus else {}), **custom}
         shown = ", ".join(f"{key}: {value}" for key, value in each.items())
-        return f"{self.workers} x {{{shown}}} ({self.strategy}), waiting at most {self.wait_s:g} s"
+        here = self.on_this_machine()
+        return f"{self.workers} x {{{shown}}} ({self.strategy}), waiting at most {self.wait_s:g} s" + (
+            f"; {here}" if here else ""
+        )
+
+    def on_this_machine(self) -> str:
+        """What an embedded Ray on this machine makes of a CPU request: ranks sharing its cores, or a
+        refusal (`align run` without --address stops there, before Ray starts). GPU requests are left to
+        the machine that runs them: a CPU laptop plans for GPUs it has not got."""
+        if self.gpus or self.custom:
+            return ""
+        cores = os.cpu_count() or 1
+        if self.cpus is None:
+            if self.workers == 1:
+                return f"embedded: the rank takes this machine's {cores} cores (1 CPU on a cluster)"
+            each = f"{shared_cpus(self.workers):g} CPU each, 1 on a cluster"
+            return f"embedded: {self.workers} ranks share this machine's {cores} cores ({each})"
+        if problems := local_problems(self.stage, self, 0):
+            return f"this machine cannot hold it ({problems[0]}); `align run` refuses it without --address"
+        return ""
+
+
+def shared_cpus(workers: int) -> float:
+    """Each CPU rank's share of this machine's cores on an embedded Ray (Ray takes fractions of a CPU),
+    rounded down so that the shares add up to no more than the machine has."""
+    return math.floor((os.cpu_count() or 1) / workers * 10_000) / 10_000
 
 
 def stage_request(pipeline: Pipeline, name: str, workers: int, accelerator: bool) -> Request:
     spec = pipeline.stage_resources(name)
     gpus = spec.gpus_per_worker if spec.gpus_per_worker is not None else (1.0 if accelerator else 0.0)
     cpus = spec.cpus_per_worker if spec.cpus_per_worker is not None else (1.0 if gpus else None)
-    return Request(workers, cpus, gpus, dict(spec.custom), spec.strategy, spec.wait_s)
+    return Request(workers, cpus, gpus, dict(spec.custom), spec.strategy, spec.wait_s, name)
 
 
 def local_problems(name: str, request: Request, gpus_here: int) -> list[Problem]:

@@ -71,7 +71,8 @@ def reserve(
             if waited >= wait_s:
                 raise AlignError(
                     f"stage '{stage}': Ray could not reserve {asked} in {wait_s:g} s; the largest node has "
-                    f"{shown(largest_node())}: lower `resources:` or `workers:`, or add nodes (`ray status`)"
+                    f"{shown(largest_node())}: lower `resources:` or `workers:`, or add nodes; "
+                    "check `ray status`"
                 )
             if waited >= note_at:
                 free = "; ".join(shown(node) for node in free_per_node()) or "none"

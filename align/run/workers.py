@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import math
 import os
 import socket
 import sys
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from align.planning.resources import shared_cpus
 from align.run.reservation import reserve
 
 WARM_IMPORTS = ("torch", "transformers", "trl", "peft", "align.stages.context", "align.stages.training")
@@ -115,8 +115,7 @@ class GroupShape:
         """A stage's shape. A CPU rank that names no CPUs gets this machine's cores shared on an embedded
         Ray (ranks may share a core: Ray takes fractions), one CPU on a cluster."""
         request = stage.resources
-        cores = os.cpu_count() or 1
-        shared = math.floor(cores / stage.workers * 10_000) / 10_000 if embedded else 1.0
+        shared = shared_cpus(stage.workers) if embedded else 1.0
         bundle = tuple(sorted(request.bundle(shared).items()))
         return cls(stage.workers, gpu, bundle, request.strategy, request.wait_s)
 
@@ -155,6 +154,15 @@ def rank_order(places: list[tuple[str, list[str], str]]) -> list[int]:
     return sorted(range(len(places)), key=lambda i: (nodes.index(places[i][2]), places[i][1], i))
 
 
+def advertised(places: list[tuple[str, list[str], str]]) -> list[tuple[str, list[str], str]]:
+    """Each place with its node's address as Ray knows the node (`--node-ip-address`), which the other
+    nodes reach it by; an actor's own guess is the machine's default route (wrong for loopback nodes)."""
+    import ray
+
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+    return [(addresses.get(node, ip), gpus, node) for ip, gpus, node in places]
+
+
 class WorkerGroup:
     """`shape.workers` actors in one process group, each in its own bundle of a placement group reserved
     all at once (align/run/reservation.py), with `env` (the driver's, align/run/launch.py `worker_env`) and
@@ -178,7 +186,7 @@ class WorkerGroup:
                 )
                 options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "resources": custom}
                 self.actors.append(remote.options(scheduling_strategy=strategy, **options).remote())
-            places = ray.get([actor.where.remote() for actor in self.actors])
+            places = advertised(ray.get([actor.where.remote() for actor in self.actors]))
             order = rank_order(places)
             self.actors, places = [self.actors[i] for i in order], [places[i] for i in order]
             master = (places[0][0], ray.get(self.actors[0].free_port.remote()))

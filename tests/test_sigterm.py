@@ -1,0 +1,110 @@
+"""SIGTERM (what `timeout`, a batch scheduler, `ray job stop` and Kubernetes send) stops a run as Ctrl-C
+does, at whatever moment it lands: while the stage's worker group starts, mid-training, and as one stage
+ends and the next starts. Ray's core worker installs its own SIGTERM handler at `ray.init` (it prints
+`*** SIGTERM received` and a C++ stack, and exits 1); align puts its own back. Each case: exit 143, one
+line saying where the run stopped and how to resume, the stage kept as `.<stage>.failed-*`, none of Ray's
+lines, no process left below the driver. On the embedded Ray; the reservation's wait is in
+tests/test_cluster.py (an embedded Ray refuses a request it cannot hold before it starts). `make
+test-faults`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.pipelines import stage, stage_folder, write_pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+DATA = {"train": "align:chatterbot/sft/train", "max_train_rows": 64, "max_eval_rows": 8}
+
+
+def start(path: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "align.cli", "run", str(path)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(check, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not reached within {timeout:.0f} s")
+
+
+def stage_workers(proc: subprocess.Popen) -> bool:
+    """Whether Ray has started the group's actor processes (they take a few seconds to import torch)."""
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+        return any("StageWorker" in " ".join(p.cmdline()) for p in below)
+    except psutil.Error:
+        return False
+
+
+def terminate(proc: subprocess.Popen) -> str:
+    """SIGTERM the driver; its stderr, once it has exited 143 and every process below it is gone."""
+    below = psutil.Process(proc.pid).children(recursive=True)
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:] + "\n" + err[-3000:]
+    _, alive = psutil.wait_procs(below, timeout=max(1.0, 20 - (time.monotonic() - stopped)))
+    assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), [p.cmdline() for p in alive]
+    for ray_line in ("SIGTERM received", "PC: @", "Traceback"):
+        assert ray_line not in out + err, err[-3000:]
+    interrupted = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert len(interrupted) == 1, err[-3000:]
+    return err
+
+
+def kept(root: Path, name: str) -> dict:
+    [folder] = root.glob(f".{name}.failed-*")
+    return json.loads((folder / "align-stage.json").read_text())
+
+
+def test_sigterm_while_the_group_starts(tmp_path: Path) -> None:
+    path = write_pipeline(tmp_path, "start", {"sft": stage("sft", steps=500, data=DATA, workers=2)})
+    run = start(path)
+    wait_until(lambda: stage_workers(run), run)
+    err = terminate(run)
+    assert "interrupted: stage 'sft' stopped (no checkpoint yet, so it starts over)" in err
+    assert f"`align run {path}` resumes it" in err
+    assert kept(tmp_path / "runs" / "start", "sft")["status"] == "interrupted"
+
+
+def test_sigterm_mid_training(tmp_path: Path) -> None:
+    path = write_pipeline(tmp_path, "train", {"sft": stage("sft", steps=5000, data=DATA, workers=2)})
+    run = start(path)
+    wait_until(lambda: list((tmp_path / "runs" / "train").glob(".sft.tmp-*/logs/progress.json")), run)
+    err = terminate(run)
+    assert "interrupted: stage 'sft' stopped" in err and f"`align run {path}` resumes it" in err
+    assert kept(tmp_path / "runs" / "train", "sft")["status"] == "interrupted"
+
+
+def test_sigterm_as_one_stage_ends_and_the_next_starts(tmp_path: Path) -> None:
+    """The first stage is published whole; the next (a 1-rank merge on a new group) is kept aside, or,
+    if the signal lands before it began, the line says the run stopped between stages."""
+    stages = {
+        "sft": stage("sft", steps=2, data=DATA, lora={"r": 4}, workers=2),
+        "merge": {"kind": "merge", "model": "${stages.sft.output}"},
+    }
+    path = write_pipeline(tmp_path, "between", stages)
+    run = start(path)
+    wait_until(lambda: (stage_folder(path, "sft") / "align-stage.json").is_file(), run)
+    err = terminate(run)
+    assert json.loads((stage_folder(path, "sft") / "align-stage.json").read_text())["status"] == "succeeded"
+    merge = list((tmp_path / "runs" / "between").glob(".merge.failed-*"))
+    if merge:
+        assert "interrupted: stage 'merge' stopped" in err
+    else:
+        assert "interrupted: stopped between stages" in err
+    assert f"`align run {path}` resumes it" in err
