@@ -68,8 +68,10 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
 
 def root_folder(pipeline: Pipeline, name: str) -> Path | None:
     """The local model folder a stage's chain of references starts from (None: a builtin or a hub id)."""
-    value = pipeline.stage_model(name)
-    while (target := reference_target(value)) is not None and target in pipeline.stages:
+    value, seen = pipeline.stage_model(name), {name}
+    # a cycle of references is reported by the reference check; here it must not loop forever
+    while (target := reference_target(value)) in pipeline.stages and target not in seen:
+        seen.add(target)
         value = pipeline.stage_model(target)
     path = Path(value)
     return path if "${" not in value and path.is_absolute() and path.is_dir() else None
