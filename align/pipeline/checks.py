@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from align.cache import is_dir
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 from align.data.loading import NO_EVAL
 from align.data.scan import check_data, columns_problem, first_row, is_message
@@ -74,7 +75,7 @@ def root_folder(pipeline: Pipeline, name: str) -> Path | None:
         seen.add(target)
         value = pipeline.stage_model(target)
     path = Path(value)
-    return path if "${" not in value and path.is_absolute() and path.is_dir() else None
+    return path if "${" not in value and path.is_absolute() and is_dir(path) else None
 
 
 def template_problems(pipeline: Pipeline) -> list[Problem]:
