@@ -12,6 +12,7 @@ align takes the template from a name or a file too, and leaves resizing to where
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,15 @@ CHATML = (
     "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% endif %}"
 )
+LLAMA3 = (
+    "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
+    "+ message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+SPECIAL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]+\|>|<(?:start|end)_of_turn>")
+"""What a special token looks like in a template file (ChatML's, Llama 3's, Phi's, Gemma's)."""
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+"""The tokens that end a turn in the templates people write; the first a file's template writes is its EOS."""
 
 
 @dataclass(frozen=True)
@@ -30,20 +40,39 @@ class ChatTemplate:
     special_tokens: tuple[str, ...] = ()  # added to the tokenizer when it lacks them
     eos: str | None = None  # the end of a turn, made the tokenizer's EOS
 
+    @property
+    def summary(self) -> str:
+        """One line for `align plan`: where it comes from, the tokens it adds, the EOS it sets."""
+        tokens = f"; adds {' '.join(self.special_tokens)} if missing" if self.special_tokens else ""
+        return f"{self.source}{tokens}" + (f"; eos {self.eos}" if self.eos else "")
 
-BUILTIN = {"chatml": ChatTemplate("chatml (builtin)", CHATML, ("<|im_start|>", "<|im_end|>"), "<|im_end|>")}
+
+BUILTIN = {
+    "chatml": ChatTemplate("chatml (builtin)", CHATML, ("<|im_start|>", "<|im_end|>"), "<|im_end|>"),
+    "llama3": ChatTemplate(
+        "llama3 (builtin)", LLAMA3, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "<|eot_id|>"
+    ),
+}
 
 
 def folder_template(folder: Path) -> str | None:
-    """A model folder's own template, from its tokenizer files (None when it has none)."""
-    for name in ("chat_template.jinja",):
-        if (folder / name).is_file():
-            return (folder / name).read_text()
-    try:
-        template = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return template if isinstance(template, str) else None
+    """A model folder's own template, from its tokenizer files (None when it has none); of named templates
+    (a list in tokenizer_config.json), the `default` one."""
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        try:
+            template = json.loads((folder / name).read_text()).get("chat_template")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(template, list):
+            named = {
+                entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)
+            }
+            template = named.get("default")
+        if isinstance(template, str):
+            return template
+    return None
 
 
 def special_tokens_of(folder: Path, text: str) -> tuple[tuple[str, ...], str | None]:
@@ -59,6 +88,27 @@ def special_tokens_of(folder: Path, text: str) -> tuple[tuple[str, ...], str | N
     return special, eos if isinstance(eos, str) and eos in text else None
 
 
+def checked(text: str, source: str) -> str:
+    """`text` when Jinja parses it (jinja2 is light: validate may import it), else the line that fails."""
+    import jinja2
+    import jinja2.ext
+
+    class Generation(jinja2.ext.Extension):  # transformers' {% generation %}...{% endgeneration %}
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    try:
+        jinja2.Environment(extensions=[Generation, "jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as err:
+        raise ValueError(
+            f"the chat template in {source} does not parse: {err.message} (line {err.lineno})"
+        ) from None
+    return text
+
+
 def resolve_template(value: str) -> ChatTemplate:
     """The template `value` names; ValueError, saying what is accepted, when it names none."""
     if value in BUILTIN:
@@ -69,23 +119,93 @@ def resolve_template(value: str) -> ChatTemplate:
         if text is None:
             raise ValueError(f"the model folder {value} has no chat template to take")
         special, eos = special_tokens_of(path, text)
-        return ChatTemplate(f"from {value}", text, special, eos)
+        return ChatTemplate(f"from {value}", checked(text, value), special, eos)
     if path.is_file():
-        return ChatTemplate(value, path.read_text())
+        text = checked(path.read_text(), value)
+        special = tuple(dict.fromkeys(SPECIAL_TOKEN.findall(text)))
+        eos = next((token for token in special if token in END_OF_TURN), None)
+        return ChatTemplate(value, text, special, eos)
+    if path.is_absolute():
+        raise ValueError(
+            f"there is no file or folder {value}: give a builtin ({', '.join(BUILTIN)}) or a path"
+        )
     raise ValueError(
         f"{value!r} is not a builtin chat template ({', '.join(BUILTIN)}), a .jinja file or a model folder"
     )
 
 
+def pad_note(folder: Path) -> str | None:
+    """What `align plan` says when a model folder's tokenizer has no pad token (read from its files):
+    `load_tokenizer` pads with its EOS, the one it had before a template changes the EOS. None when it has
+    a pad token, or its files do not say."""
+    settings: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        try:
+            found = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        settings.update(found if isinstance(found, dict) else {})
+    eos = settings.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if settings.get("pad_token") or not isinstance(eos, str):
+        return None
+    return f"pad token: {eos}, the model's EOS (it has no pad token; padded positions carry no loss)"
+
+
+def plan_lines(template: ChatTemplate | None, model: str) -> list[str]:
+    """`align plan`'s lines for a stage that reads rows: the template it applies and where it comes from,
+    and the pad token when its model (a folder, read without loading it) has none."""
+    folder = Path(model) if Path(model).is_absolute() and Path(model).is_dir() else None
+    if template is not None:
+        lines = [f"chat template: {template.summary}"]
+    elif folder is not None and folder_template(folder) is None:
+        lines = ["chat template: none (the model has none; set `chat_template:` for conversational rows)"]
+    else:
+        lines = ["chat template: the model's own"]
+    return lines + [note] if folder is not None and (note := pad_note(folder)) else lines
+
+
 def apply(template: ChatTemplate, tokenizer: Any) -> Any:
-    """`tokenizer` with the template, its special tokens (added when missing), its EOS, and a pad token
-    (EOS when it has none)."""
+    """`tokenizer` with the template, its special tokens (added when missing) and its EOS; the pad token,
+    when there was none, stays the EOS the model had (`load_tokenizer`), so padding never hides an end of
+    turn."""
     tokenizer.chat_template = template.text
     missing = [token for token in template.special_tokens if token not in tokenizer.get_vocab()]
     if missing:
-        tokenizer.add_special_tokens({"additional_special_tokens": missing})
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": missing}, replace_extra_special_tokens=False
+        )
     if template.eos:
         tokenizer.eos_token = template.eos
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def fit_model(model: Any, tokenizer: Any, template: ChatTemplate | None) -> Any:
+    """`model` with a row for every token of `tokenizer` (new rows are the mean of the others, as
+    transformers resizes) and, when a template is applied here or a tokenizer grew by one upstream, the
+    tokenizer's EOS and pad in its config and generation config, so that `generate` in plain transformers
+    stops at the end of a turn (TRL's `clone_chat_template` does the same). Otherwise it is left as it is."""
+    grown = model.get_input_embeddings().num_embeddings < len(tokenizer)
+    if template is None and not grown:
+        return model
+    if grown:
+        model.resize_token_embeddings(len(tokenizer))
+    config = model.config.get_text_config()
+    config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        stops = generation.eos_token_id
+        stops = [] if stops is None else [stops] if isinstance(stops, int) else list(stops)
+        generation.eos_token_id = [tokenizer.eos_token_id, *(s for s in stops if s != tokenizer.eos_token_id)]
+        generation.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def template_token_ids(template: ChatTemplate | None, tokenizer: Any) -> list[int]:
+    """The ids of the template's special tokens: with LoRA their embedding rows train (peft's
+    `trainable_token_indices`), since a token the base never saw has only its initial row."""
+    if template is None or tokenizer is None:
+        return []
+    return sorted({tokenizer.convert_tokens_to_ids(token) for token in template.special_tokens})

@@ -17,6 +17,7 @@ from align.config.secrets import is_secret_name
 from align.data.loading import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
 from align.models.architectures import LoraTargets
 from align.models.chat_templates import apply as apply_template
+from align.models.chat_templates import fit_model, template_token_ids
 from align.models.loading import load_causal_lm, load_tokenizer
 from align.models.precision import compute_dtype
 from align.pipeline.trl_args import build_config
@@ -115,10 +116,7 @@ def load_stage_model(
     if quantize_4bit:
         kwargs["device_map"] = ctx.device_map()
     model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
-    if ctx.plan.chat_template is not None:  # its special tokens get rows (earlier adapters saved theirs)
-        vocab = len(stage_tokenizer(ctx))
-        if model.get_input_embeddings().num_embeddings < vocab:
-            model.resize_token_embeddings(vocab)
+    fit_model(model, stage_tokenizer(ctx), ctx.plan.chat_template)  # rows for a template's special tokens
     return ctx.backend.prepare(merge_adapters(model, ctx.model_input.adapters), ctx.plan)
 
 
@@ -167,9 +165,10 @@ def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
     return tokenizer
 
 
-def peft_config(plan: StagePlan):
+def peft_config(plan: StagePlan, tokenizer: Any = None):
     """PEFT's LoraConfig for a stage's `lora:` block, on the targets the plan resolved against the model
-    (MoE weights through `target_parameters`); TRL applies it and handles 4-bit preparation."""
+    (MoE weights through `target_parameters`); TRL applies it and handles 4-bit preparation. With a chat
+    template and the stage's `tokenizer`, the embedding rows of the template's special tokens train too."""
     lora = plan.stage.lora
     if lora is None:
         return None
@@ -183,6 +182,7 @@ def peft_config(plan: StagePlan):
         lora_dropout=lora.dropout,
         target_modules=modules or None,
         target_parameters=list(targets.parameters) or None,
+        trainable_token_indices=template_token_ids(plan.chat_template, tokenizer) or None,
         task_type="CAUSAL_LM",
     )
 

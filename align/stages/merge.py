@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from align.errors import StageFailed
+from align.models.chat_templates import fit_model
 from align.planning.plan import ModelInput
 from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
 from align.stages.export import publish
@@ -41,6 +42,7 @@ def run(ctx: StageContext) -> StageResult:
     *earlier, last = ctx.model_input.adapters
     tokenizer = stage_tokenizer(ctx)
     base = load_stage_model(ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier))))
+    fit_model(base, tokenizer, ctx.plan.chat_template)  # rows for the tokens the last adapter's stage added
     adapted = PeftModel.from_pretrained(base, last)
     before = prompt_logits(adapted, tokenizer, stage.check_prompts)
     prompts = [[{"role": "user", "content": text}] for text in stage.check_prompts[:SAMPLE_PROMPTS]]

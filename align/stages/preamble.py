@@ -56,7 +56,7 @@ class Preamble:
             "eval_dataset": self.evaluation,
             "processing_class": self.tokenizer,
             "callbacks": self.ctx.callbacks(),
-            "peft_config": self.peft_config(),
+            "peft_config": peft_config(self.ctx.plan, self.tokenizer),  # the template's tokens train too
         }
 
 
