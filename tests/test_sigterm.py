@@ -1,11 +1,12 @@
 """SIGTERM (what `timeout`, a batch scheduler, `ray job stop` and Kubernetes send) stops a run as Ctrl-C
-does, at whatever moment it lands: while the stage's worker group starts, mid-training, and as one stage
-ends and the next starts. Ray's core worker installs its own SIGTERM handler at `ray.init` (it prints
-`*** SIGTERM received` and a C++ stack, and exits 1); align puts its own back. Each case: exit 143, one
-line saying where the run stopped and how to resume, the stage kept as `.<stage>.failed-*`, none of Ray's
-lines, no process left below the driver. On the embedded Ray; the reservation's wait is in
-tests/test_cluster.py (an embedded Ray refuses a request it cannot hold before it starts). `make
-test-faults`."""
+does, at whatever moment it lands: while Ray starts, while the stage's worker group starts, mid-training,
+and as one stage ends and the next starts. Ray installs its own SIGTERM handlers in `ray.init` (a Python
+one that exits 15 without a word, then the core worker's C++ one that prints `*** SIGTERM received` and a
+stack and exits 1); align holds the signal while Ray starts and puts its own handler back. Each case: exit
+143, one line saying where the run stopped and how to resume, the stage kept as `.<stage>.failed-*`, none
+of Ray's lines, no process left. On the embedded Ray (ddp, to reach training quickly); the reservation's
+wait is in tests/test_cluster.py (an embedded Ray refuses a request it cannot hold before it starts).
+`make test-faults`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ from tests.pipelines import stage, stage_folder, write_pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 DATA = {"train": "align:chatterbot/sft/train", "max_train_rows": 64, "max_eval_rows": 8}
+
+
+def one_sft(folder: Path, name: str, steps: int) -> Path:
+    """A 2-rank ddp SFT of `steps` steps (ddp starts training sooner than the zero2 the plan would pick)."""
+    sft = stage("sft", steps=steps, data=DATA, workers=2)
+    return write_pipeline(folder, name, {"sft": sft}, backend="ddp")
 
 
 def start(path: Path) -> subprocess.Popen:
@@ -71,8 +78,27 @@ def kept(root: Path, name: str) -> dict:
     return json.loads((folder / "align-stage.json").read_text())
 
 
+def test_sigterm_while_ray_starts(tmp_path: Path) -> None:
+    """Inside `ray.init` (its first process is up): the signal is held until Ray can be shut down whole,
+    so none of its processes (the dashboard and runtime-env agents) is left running with no parent."""
+    path = one_sft(tmp_path, "init", steps=500)
+    started = time.time()
+    run = start(path)
+    wait_until(lambda: psutil.Process(run.pid).children(), run)
+    err = terminate(run)
+    assert "interrupted: stopped while Ray started, before stage 'sft' (earlier stages are kept)" in err
+    assert f"`align run {path}` resumes it" in err
+    time.sleep(2)
+    orphans = [
+        p.cmdline()
+        for p in psutil.process_iter(["ppid", "create_time"])
+        if p.info["ppid"] == 1 and p.info["create_time"] >= started and "ray::" in " ".join(p.cmdline())
+    ]
+    assert not orphans
+
+
 def test_sigterm_while_the_group_starts(tmp_path: Path) -> None:
-    path = write_pipeline(tmp_path, "start", {"sft": stage("sft", steps=500, data=DATA, workers=2)})
+    path = one_sft(tmp_path, "start", steps=500)
     run = start(path)
     wait_until(lambda: stage_workers(run), run)
     err = terminate(run)
@@ -82,7 +108,7 @@ def test_sigterm_while_the_group_starts(tmp_path: Path) -> None:
 
 
 def test_sigterm_mid_training(tmp_path: Path) -> None:
-    path = write_pipeline(tmp_path, "train", {"sft": stage("sft", steps=5000, data=DATA, workers=2)})
+    path = one_sft(tmp_path, "train", steps=5000)
     run = start(path)
     wait_until(lambda: list((tmp_path / "runs" / "train").glob(".sft.tmp-*/logs/progress.json")), run)
     err = terminate(run)
@@ -97,7 +123,7 @@ def test_sigterm_as_one_stage_ends_and_the_next_starts(tmp_path: Path) -> None:
         "sft": stage("sft", steps=2, data=DATA, lora={"r": 4}, workers=2),
         "merge": {"kind": "merge", "model": "${stages.sft.output}"},
     }
-    path = write_pipeline(tmp_path, "between", stages)
+    path = write_pipeline(tmp_path, "between", stages, backend="ddp")
     run = start(path)
     wait_until(lambda: (stage_folder(path, "sft") / "align-stage.json").is_file(), run)
     err = terminate(run)

@@ -332,7 +332,11 @@ def ray_launcher(
         nonlocal embedded
         if not connected():
             messages = records.pipeline_dir(plan.pipeline.defaults.output_root, plan.pipeline.name)
-            embedded, which = connect(address, verbose, messages / "ray-messages.log")
+            try:
+                embedded, which = connect(address, verbose, messages / "ray-messages.log")
+            except Interrupted as err:
+                where = f"stopped while Ray started, before stage '{stage.name}' (earlier stages are kept)"
+                raise Interrupted(err.signum, where) from None
             on_event(which)
 
     def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:

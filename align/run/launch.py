@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from align.errors import AlignError, StageFailed
+from align.errors import AlignError, Interrupted, StageFailed
 from align.planning.plan import StagePlan
 from align.run.worker import ERROR, PROGRESS_FILE, RESULT
 
@@ -134,13 +134,32 @@ def stale_head() -> str | None:
 
 @contextmanager
 def align_handles_sigterm() -> Iterator[None]:
-    """Put the driver's SIGTERM handler back after Ray installs its own, when there is one to put back."""
-    handler = signal.getsignal(signal.SIGTERM)
+    """Hold SIGINT and SIGTERM while Ray starts, then hand them to the driver's own handlers.
+
+    Ray's Python handler (set at the start of `ray.init`: `sys.exit(15)`, no word) is not installed, and
+    the core worker's C++ one (set as it connects: its stack printed, exit 1) is replaced once `ray.init`
+    returns. A signal that lands meanwhile is raised then, once Ray can be shut down whole: interrupted
+    halfway, `ray.init` leaves its dashboard and runtime-env agents running with no parent."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if not callable(handlers[signal.SIGTERM]) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    held: list[int] = []
+    installs = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda _ray_handler: None
+    for sig in handlers:
+        signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
         yield
     finally:
-        if callable(handler) and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, handler)
+        ray_utils.set_sigterm_handler = installs
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if held:
+            Interrupted.received = held[0]
+            raise Interrupted(held[0])
 
 
 def to_file(messages: Path) -> None:
