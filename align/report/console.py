@@ -21,6 +21,7 @@ SHOWN_METRICS = (
     "preference_margin_before",
     "preference_margin_after",
     "dpo_reward_accuracy_before",
+    "dpo_reward_ties_before",  # 1: policy equals reference, every pair tied (counted half)
     "dpo_reward_accuracy_after",
     "dpo_reward_margin_after",
     "label_margin_before",
