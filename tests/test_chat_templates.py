@@ -113,6 +113,8 @@ def test_a_template_comes_from_a_name_a_file_or_a_model_folder(tmp_path: Path) -
         resolve_template("vicuna")
     with pytest.raises(ValueError, match=f"there is no file or folder {tmp_path}/none.jinja"):
         resolve_template(str(tmp_path / "none.jinja"))
+    with pytest.raises(ValueError, match="there is no file or folder /m+: give a builtin"):
+        resolve_template("/" + "m" * 400)  # a name the OS refuses (too long) is named, not raised
     (tmp_path / "broken.jinja").write_text("{% for m in messages %}{{ m['content'] }}")
     with pytest.raises(ValueError, match="broken.jinja does not parse: Unexpected end of template.*line 1"):
         resolve_template(str(tmp_path / "broken.jinja"))

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from align.cache import exists, is_dir
+
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
     "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -114,13 +116,13 @@ def resolve_template(value: str) -> ChatTemplate:
     if value in BUILTIN:
         return BUILTIN[value]
     path = Path(value)
-    if path.is_dir():
+    if is_dir(path):  # answers False for a name the OS refuses (too long), as validate must
         text = folder_template(path)
         if text is None:
             raise ValueError(f"the model folder {value} has no chat template to take")
         special, eos = special_tokens_of(path, text)
         return ChatTemplate(f"from {value}", checked(text, value), special, eos)
-    if path.is_file():
+    if exists(path) and not is_dir(path):
         text = checked(path.read_text(), value)
         special = tuple(dict.fromkeys(SPECIAL_TOKEN.findall(text)))
         eos = next((token for token in special if token in END_OF_TURN), None)
@@ -155,7 +157,7 @@ def pad_note(folder: Path) -> str | None:
 def plan_lines(template: ChatTemplate | None, model: str) -> list[str]:
     """`align plan`'s lines for a stage that reads rows: the template it applies and where it comes from,
     and the pad token when its model (a folder, read without loading it) has none."""
-    folder = Path(model) if Path(model).is_absolute() and Path(model).is_dir() else None
+    folder = Path(model) if Path(model).is_absolute() and is_dir(Path(model)) else None
     if template is not None:
         lines = [f"chat template: {template.summary}"]
     elif folder is not None and folder_template(folder) is None:

@@ -23,7 +23,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from align.backends import BACKENDS
-from align.cache import user_path
+from align.cache import exists, user_path
 from align.config.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, Strict
 from align.config.validation import pydantic_problems
 from align.data.loading import data_location
@@ -91,7 +91,7 @@ def template_location(value: str, base: Path) -> str:
     """A chat template: a name as written (a builtin, or refused as one), else a file or folder made
     absolute; a bare word is a path only where one exists beside the file."""
     bare = "/" not in value and not value.endswith(".jinja") and not value.startswith((".", "~"))
-    if value in BUILTIN_TEMPLATES or (bare and not (base / value).exists()):
+    if value in BUILTIN_TEMPLATES or (bare and not exists(base / value)):
         return value
     return file_location(value, base)
 
