@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.pipelines import SFT_DATA, stage, stage_folder, stage_record, write_pipeline
@@ -158,6 +159,17 @@ def wait_for_step(folder: Path, step: int, run: subprocess.Popen, timeout: float
         time.sleep(0.2)
 
 
+def stage_workers(nodes: list[subprocess.Popen]) -> list[str]:
+    """The rank processes still running under the cluster's nodes."""
+    below = [p for node in nodes for p in psutil.Process(node.pid).children(recursive=True)]
+    running = []
+    for process in below:
+        with contextlib.suppress(psutil.Error):
+            if "StageWorker" in " ".join(process.cmdline()):
+                running.append(process.cmdline()[0])
+    return running
+
+
 def nodes_of(path: Path, name: str) -> list[str]:
     return [rank["node_id"] for rank in stage_record(path, name)["ranks"]]
 
@@ -218,6 +230,8 @@ def test_a_request_no_node_holds_fails_within_its_wait(cluster, tmp_path):
         "{CPU: 1}: lower `resources:` or `workers:`, or add nodes; check `ray status`"
     ]
     assert "Traceback" not in done.stderr
+    waiting = r"\[sft\] waiting 1\d s for 1 x \{CPU: 2\} \(pack\); free per node: \{CPU: 1\}; \{CPU: 1\}"
+    assert re.search(waiting, done.stdout), done.stdout[-2000:]  # at 15 s, what is asked and what is free
 
 
 def test_sigterm_while_the_stage_waits_for_its_reservation(cluster, tmp_path):
@@ -244,7 +258,7 @@ def test_sigterm_while_the_stage_waits_for_its_reservation(cluster, tmp_path):
 
 
 def test_sigterm_mid_stage_exits_143_and_keeps_the_stage(cluster, tmp_path):
-    address, env, _ = cluster
+    address, env, nodes = cluster
     path = write_pipeline(tmp_path, "term", {"sft": stage("sft", steps=5000, batch=2, data=DATA, workers=2)})
     run = start_run(path, address, env)
     wait_for_file(tmp_path / "runs" / "term", ".sft.tmp-*/logs/progress.json", run)
@@ -254,6 +268,10 @@ def test_sigterm_mid_stage_exits_143_and_keeps_the_stage(cluster, tmp_path):
     assert "SIGTERM received" not in err and "PC: @" not in err and "Traceback" not in err
     assert "interrupted: stage 'sft' stopped" in err and f"`align run {path}` resumes it" in err
     assert list((tmp_path / "runs" / "term").glob(".sft.failed-*"))
+    deadline = time.time() + 30  # the ranks on both nodes end with the driver that owned them
+    while stage_workers(nodes) and time.time() < deadline:
+        time.sleep(1)
+    assert not stage_workers(nodes)
 
 
 def test_a_run_without_address_joins_the_head_running_here(cluster, tmp_path):
