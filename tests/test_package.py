@@ -22,6 +22,7 @@ def rows(path: Path, count: int) -> Path:
 def pipeline_file(folder: Path) -> Path:
     (folder / "model").mkdir()
     (folder / "model" / "config.json").write_text("{}")
+    (folder / "model" / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     (folder / "my_rewards.py").write_text(
         "def short(completions, **_):\n    return [1.0 for _ in completions]\n"
     )
