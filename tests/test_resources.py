@@ -76,3 +76,16 @@ def test_plan_says_what_this_machine_makes_of_a_cpu_request(tmp_path: Path, caps
         f"this machine cannot hold it (stages.sft.resources.cpus_per_worker: {cores + 1} ranks x 1 CPUs need "
         in capsys.readouterr().out
     )
+
+
+def test_status_says_where_each_rank_ran() -> None:
+    from align.report.status import where_ranks_ran
+
+    ranks = [
+        {"rank": 0, "node_ip": "10.0.0.5", "node_id": "3f2a01", "local_rank": 0, "gpus": ["0"]},
+        {"rank": 1, "node_ip": "10.0.0.6", "node_id": "9c1b02", "local_rank": 0, "gpus": ["3"]},
+    ]
+    assert where_ranks_ran({"ranks": ranks}) == (
+        ", ranks on 2 nodes (0: 10.0.0.5/3f2a local 0 GPU 0, 1: 10.0.0.6/9c1b local 0 GPU 3)"
+    )
+    assert where_ranks_ran({}) == ""

@@ -58,12 +58,17 @@ def clock(seconds: float) -> str:
 
 
 def where_ranks_ran(record: dict[str, Any]) -> str:
-    """`, ranks on 2 nodes (0: 10.0.0.5/3f2a, 1: 10.0.0.6/9c1b)`: each rank's node IP and id (its start)."""
+    """`, ranks on 2 nodes (0: 10.0.0.5/3f2a local 0 GPU 0, 1: 10.0.0.6/9c1b local 0 GPU 0)`: each rank's
+    node IP and id (its start), its local rank, and the GPUs Ray gave it (none on CPU)."""
     ranks = record.get("ranks") or []
     if not ranks:
         return ""
     nodes = len({rank["node_id"] for rank in ranks})
-    shown = ", ".join(f"{r['rank']}: {r['node_ip']}/{r['node_id'][:4]}" for r in ranks)
+    shown = ", ".join(
+        f"{r['rank']}: {r['node_ip']}/{r['node_id'][:4]} local {r.get('local_rank', 0)}"
+        + (f" GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") else "")
+        for r in ranks
+    )
     return f", ranks on {nodes} node{'s' if nodes > 1 else ''} ({shown})"
 
 
