@@ -6,10 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from align.cli import main
+from align.errors import AlignError
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import build
+from align.report.status import where_ranks_ran
+from align.run.controller import check_shared
 from align.run.workers import GroupShape, rank_order
 from tests.pipelines import stage, write_pipeline
 
@@ -79,8 +84,6 @@ def test_plan_says_what_this_machine_makes_of_a_cpu_request(tmp_path: Path, caps
 
 
 def test_status_says_where_each_rank_ran() -> None:
-    from align.report.status import where_ranks_ran
-
     ranks = [
         {"rank": 0, "node_ip": "10.0.0.5", "node_id": "3f2a01", "local_rank": 0, "gpus": ["0"]},
         {"rank": 1, "node_ip": "10.0.0.6", "node_id": "9c1b02", "local_rank": 0, "gpus": ["3"]},
@@ -89,3 +92,23 @@ def test_status_says_where_each_rank_ran() -> None:
         ", ranks on 2 nodes (0: 10.0.0.5/3f2a local 0 GPU 0, 1: 10.0.0.6/9c1b local 0 GPU 3)"
     )
     assert where_ranks_ran({}) == ""
+
+
+def test_a_rank_that_cannot_read_the_output_root_is_named(tmp_path: Path) -> None:
+    """Every rank of a new group reads back a probe the driver wrote in the output root; one on a node
+    without that storage is named in one line, and the probe is removed either way."""
+
+    class Group:
+        placement = [{"node_ip": "10.0.0.5"}, {"node_ip": "10.0.0.6"}]
+
+        def unreadable(self, probe: str, expected: str) -> list[int]:
+            seen = [Path(probe).read_text() == expected, False]  # rank 1's node lacks the storage
+            return [rank for rank, sees in enumerate(seen) if not sees]
+
+    with pytest.raises(AlignError) as refused:
+        check_shared(Group(), tmp_path)
+    assert str(refused.value) == (
+        f"rank(s) 1 on node(s) 10.0.0.6 cannot read {tmp_path}: the output root must be shared storage that "
+        "every node mounts at the same path"
+    )
+    assert not list(tmp_path.iterdir())
