@@ -88,6 +88,26 @@ def test_a_metric_measured_before_and_after_only_is_two_markers_not_a_line() -> 
     assert series_style("loss", 100) == ("-", None)
 
 
+def test_sampled_answers_come_num_samples_per_prompt_and_repeat_with_their_seed() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from align.config.spec import GenerationSpec
+    from align.models.loading import resolve_model
+    from align.stages.eval_answers import answers
+
+    folder = resolve_model("tiny")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    prompts = [[{"role": "user", "content": f"Number or word? {item}"}] for item in ("7", "cat")]
+    sampled = GenerationSpec(max_new_tokens=5, temperature=1.0, num_samples=3)
+    first = answers(model, tokenizer, prompts, sampled, seed=1)
+    assert len(first) == 6 and first == answers(model, tokenizer, prompts, sampled, seed=1)
+    assert len(set(first)) > 1  # a random-init model sampled at temperature 1 does not repeat itself
+    plain = GenerationSpec(max_new_tokens=5)
+    greedy = answers(model, tokenizer, prompts, plain, seed=1)
+    assert len(greedy) == 2 and greedy == answers(model, tokenizer, prompts, plain, seed=9)  # no seed needed
+
+
 # --- validate ---
 
 
