@@ -23,7 +23,7 @@ def pipeline_file(folder: Path) -> Path:
     (folder / "model").mkdir()
     (folder / "model" / "config.json").write_text("{}")
     (folder / "model" / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
-    (folder / "my_rewards.py").write_text(
+    (folder / "packed_rewards.py").write_text(
         "def short(completions, **_):\n    return [1.0 for _ in completions]\n"
     )
     rows(folder / "small.jsonl", 10)
@@ -38,7 +38,7 @@ def pipeline_file(folder: Path) -> Path:
                 "kind": "grpo",
                 "model": "${stages.sft.output}",
                 "data": {"train": "align:toy/number-or-word/train"},
-                "rewards": [{"function": "my_rewards.short"}],
+                "rewards": [{"function": "packed_rewards.short"}],
             },
         },
     }
@@ -59,7 +59,7 @@ def test_small_files_travel_large_ones_and_outputs_stay(tmp_path, monkeypatch):
         tmp_path / "small.jsonl"
     ).read_bytes()
     assert shipped["stages"]["sft"]["data"]["eval"] == str(tmp_path / "large.jsonl")  # over the limit
-    assert (package.folder / "my_rewards.py").is_file()
+    assert (package.folder / "packed_rewards.py").is_file()
     shared = {where: why for where, _, why in package.shared}
     assert shared["stages.sft.data.eval"].endswith("over the pack limit")
     assert shared["defaults.output_root"] == "where the job writes"

@@ -55,14 +55,14 @@ def ppo_stage(**fields) -> dict:
 @pytest.fixture(scope="module")
 def ppo_runs(tmp_path_factory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("ppo")
-    (folder / "my_rewards.py").write_text(RAISING_REWARD)
+    (folder / "raising_rewards.py").write_text(RAISING_REWARD)
     raising = ppo_stage(
         workers=1,
         backend="ddp",
         lora={"r": 4},
         trl={"save_strategy": "steps", "save_steps": 1, "num_mini_batches": 1},
     )
-    raising["rewards"] = [{"function": "my_rewards.explode_on_third_call"}]
+    raising["rewards"] = [{"function": "raising_rewards.explode_on_third_call"}]
     stages = {
         "ddp_lora": ppo_stage(backend="ddp", lora={"r": 8}, value="adapter"),
         "zero2_offload": ppo_stage(backend="zero2", lora={"r": 8}, zero2={"offload_optimizer": "cpu"}),
@@ -108,7 +108,7 @@ def test_fsdp_ppo_shards_policy_critic_and_reference(ppo_runs) -> None:
 @pytest.mark.integration
 def test_a_raising_reward_function_is_named_and_its_checkpoint_kept(ppo_runs) -> None:
     path, output = ppo_runs
-    assert "reward function 'my_rewards.explode_on_third_call' raised ZeroDivisionError" in output
+    assert "reward function 'raising_rewards.explode_on_third_call' raised ZeroDivisionError" in output
     assert "on a batch of 4 completions" in output
     assert not stage_folder(path, "reward_raises").exists()
     kept = list(stage_folder(path, "reward_raises").parent.glob(".reward_raises.failed-*"))

@@ -4,6 +4,9 @@ machine cannot hold refused before Ray starts (it would wait forever), and where
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +115,18 @@ def test_a_rank_that_cannot_read_the_output_root_is_named(tmp_path: Path) -> Non
         "every node mounts at the same path"
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_a_named_address_where_nothing_answers_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Ray's own join to it retries for many minutes."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # bound, never listening
+        path = write_pipeline(tmp_path, "gone", {"sft": stage("sft")})
+        command = [sys.executable, "-m", "align.cli", "run", str(path), "--address", address]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == f"error: cannot join the Ray cluster at {address}: nothing answers there"
+    )

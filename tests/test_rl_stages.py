@@ -76,15 +76,15 @@ def test_own_function_without_opt_in_is_refused_naming_path_and_opt_in(tmp_path,
 
 
 def test_own_function_with_opt_in_is_imported_and_accepted(tmp_path, capsys, monkeypatch) -> None:
-    (tmp_path / "my_rewards.py").write_text(
+    (tmp_path / "opt_in_rewards.py").write_text(
         "def brevity(completions, **kwargs):\n    return [1.0] * len(completions)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    rewards = [{"function": "my_rewards.brevity"}, {"function": "my_rewards.missing"}]
+    rewards = [{"function": "opt_in_rewards.brevity"}, {"function": "opt_in_rewards.missing"}]
     path = write(tmp_path, {"sft": sft_stage(), "grpo": rl_stage("grpo", rewards)}, allow_custom_code=True)
     code, err = validate(capsys, path)
     assert code == 2 and "1 problem" in err
-    assert "stages.grpo.rewards[1].function: cannot load the reward function 'my_rewards.missing'" in err
+    assert "stages.grpo.rewards[1].function: cannot load the reward function 'opt_in_rewards.missing'" in err
 
 
 def test_reward_model_must_come_from_a_reward_stage(tmp_path, capsys) -> None:

@@ -72,23 +72,30 @@ def connect(address: str | None, verbose: bool = False, messages: Path | None = 
     named = address or os.environ.get("RAY_ADDRESS")
     local_head = None if named else running_head()
     note = ""
-    with align_handles_sigterm():
+    if named and ":" in named and "://" not in named and not answers(named):
+        raise AlignError(f"cannot join the Ray cluster at {named}: nothing answers there")
+    with align_handles_sigterm(hold=False):  # joining starts nothing here: a signal may stop it at once
         if named or local_head:
             try:
-                ray.init(address=named or local_head, **settings)
+                with stderr_to(None if verbose else messages):  # its C++ client's retries, line by line
+                    ray.init(address=named or local_head, **settings)
                 nodes = len([node for node in ray.nodes() if node["Alive"]])
                 cpus = ray.cluster_resources().get("CPU", 0)
                 how = "named" if named else "already running on this machine"
                 where = f"{named or local_head} ({how})"
                 return False, f"ray: joined the cluster at {where}: {nodes} node(s), {cpus:g} CPUs"
             except Exception as err:  # noqa: BLE001 - unreachable, refusing (auth), or another version
+                tried = named or local_head
+                hint = "it answers: token authentication? (README 'Scaling out')" if answers(tried) else ""
+                why = "; ".join(filter(None, [first_line(err), hint]))
                 if named:
-                    raise AlignError(f"cannot join the Ray cluster at {named}: {first_line(err)}") from None
-                note = f" (a Ray head at {local_head} on this machine refused this driver: {first_line(err)})"
+                    raise AlignError(f"cannot join the Ray cluster at {named}: {why}") from None
+                note = f" (a Ray head at {local_head} on this machine refused this driver: {why})"
         elif stale := stale_head():
             note = (
                 f" (the pointer to a Ray head at {stale} left in Ray's temp folder is stale: no head answers)"
             )
+    with align_handles_sigterm(hold=True):
         ray.init(
             address="local",
             num_cpus=os.cpu_count(),
@@ -97,6 +104,26 @@ def connect(address: str | None, verbose: bool = False, messages: Path | None = 
             **settings,
         )
     return True, f"ray: embedded on this machine, {os.cpu_count()} CPUs{note}"
+
+
+@contextmanager
+def stderr_to(file: Path | None) -> Iterator[None]:
+    """Send what the process writes to its stderr (file descriptor 2, where Ray's C++ client logs each
+    failed try to join a cluster) to `file` meanwhile; nothing changes for None."""
+    if file is None:
+        yield
+        return
+    file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    kept = os.dup(2)
+    try:
+        with open(file, "a") as out:
+            os.dup2(out.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(kept, 2)
+        os.close(kept)
 
 
 def first_line(err: BaseException) -> str:
@@ -133,13 +160,14 @@ def stale_head() -> str | None:
 
 
 @contextmanager
-def align_handles_sigterm() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM while Ray starts, then hand them to the driver's own handlers.
+def align_handles_sigterm(hold: bool) -> Iterator[None]:
+    """Keep the driver's SIGINT and SIGTERM handlers through `ray.init`: Ray's Python one (set at the start
+    of `ray.init`: `sys.exit(15)`, no word) is not installed, and the core worker's C++ one (set as it
+    connects: its stack printed, exit 1) is replaced once `ray.init` returns.
 
-    Ray's Python handler (set at the start of `ray.init`: `sys.exit(15)`, no word) is not installed, and
-    the core worker's C++ one (set as it connects: its stack printed, exit 1) is replaced once `ray.init`
-    returns. A signal that lands meanwhile is raised then, once Ray can be shut down whole: interrupted
-    halfway, `ray.init` leaves its dashboard and runtime-env agents running with no parent."""
+    With `hold` (an embedded Ray starting), a signal that lands meanwhile is raised only then, once Ray
+    can be shut down whole: interrupted halfway, `ray.init` leaves its dashboard and runtime-env agents
+    running with no parent. Joining a cluster starts no process here, and may wait long: not held."""
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     if not callable(handlers[signal.SIGTERM]) or threading.current_thread() is not threading.main_thread():
         yield
@@ -149,7 +177,7 @@ def align_handles_sigterm() -> Iterator[None]:
     held: list[int] = []
     installs = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda _ray_handler: None
-    for sig in handlers:
+    for sig in handlers if hold else ():
         signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
         yield

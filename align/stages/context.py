@@ -104,10 +104,11 @@ class StageResult:
 
 
 def load_stage_model(
-    ctx: StageContext, *, quantize_4bit: bool = False, frozen: bool = False
+    ctx: StageContext, *, quantize_4bit: bool = False, frozen: bool = False, tokenizer: Any = None
 ) -> torch.nn.Module:
     """The input model with its earlier adapters merged in, loaded the way the backend asks: in the dtype
-    the stage trains it in, or, `frozen`, in the compute dtype."""
+    the stage trains it in, or, `frozen`, in the compute dtype. Its embeddings fit `tokenizer` (by default
+    the input's own), which may hold a template's tokens the base never had."""
     kwargs = {
         "dtype": ctx.dtype if frozen else ctx.load_dtype,
         "trust_remote_code": ctx.plan.remote_code,
@@ -116,7 +117,7 @@ def load_stage_model(
     if quantize_4bit:
         kwargs["device_map"] = ctx.device_map()
     model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
-    fit_model(model, stage_tokenizer(ctx), ctx.plan.chat_template)  # rows for a template's special tokens
+    fit_model(model, tokenizer or stage_tokenizer(ctx), ctx.plan.chat_template)
     return ctx.backend.prepare(merge_adapters(model, ctx.model_input.adapters), ctx.plan)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from align.errors import StageFailed
-from align.models.chat_templates import fit_model
 from align.planning.plan import ModelInput
 from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
 from align.stages.export import publish
@@ -41,8 +40,8 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     *earlier, last = ctx.model_input.adapters
     tokenizer = stage_tokenizer(ctx)
-    base = load_stage_model(ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier))))
-    fit_model(base, tokenizer, ctx.plan.chat_template)  # rows for the tokens the last adapter's stage added
+    # the last adapter's tokenizer: rows for the tokens its stage added
+    base = load_stage_model(ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier))), tokenizer=tokenizer)
     adapted = PeftModel.from_pretrained(base, last)
     before = prompt_logits(adapted, tokenizer, stage.check_prompts)
     prompts = [[{"role": "user", "content": text}] for text in stage.check_prompts[:SAMPLE_PROMPTS]]
