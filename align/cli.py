@@ -69,6 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.end()
         again = " ".join(["align", "run", args.file, *(f"--set {item}" for item in args.set)])
         where = str(err) or "stopped between stages (every finished stage is kept)"  # no stage running
+        if "\n" in where:  # several stages stopped, one line each
+            where = "".join(f"\n  {line}" for line in where.splitlines())
         print(f"interrupted: {where}\n`{again}` resumes it", file=sys.stderr)
         return 128 + err.signum
     finally:

@@ -60,7 +60,7 @@ def throughput(
     from align.pipeline.file import load
     from align.planning.hardware import Hardware
     from align.planning.plan import build
-    from align.run.controller import resolve_inputs
+    from align.run.inputs import resolve_inputs
     from align.stages import run_seeded
     from align.stages.context import StageContext
 

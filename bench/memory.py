@@ -125,7 +125,7 @@ def run_stages(plan: Any, names: list[str], gpu: bool) -> dict[str, str]:
     """Run each named stage into a clean folder; a stage that fails is reported, not fatal."""
     import ray
 
-    from align.run.controller import resolve_inputs
+    from align.run.inputs import resolve_inputs
     from align.run.launch import connect
     from align.run.records import stage_dir
 

@@ -106,7 +106,7 @@ def run_in_process(path: Path, stage_name: str, output_dir: Path, hardware: Any)
 
     from align.pipeline.file import load
     from align.planning.plan import build
-    from align.run.controller import resolve_inputs
+    from align.run.inputs import resolve_inputs
     from align.stages import run_seeded
     from align.stages.context import StageContext
 

@@ -8,16 +8,18 @@ and a failed stage kept aside with its record.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from align.errors import AlignError, StageFailed
+from align.errors import AlignError, Interrupted, StageFailed
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import ModelInput, build
-from align.run import records
+from align.run import records, stop
 from align.run.controller import run_plan
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
@@ -90,7 +92,9 @@ def folder(path: Path, stage: str) -> Path:
 def test_each_stage_reads_its_upstream_outputs_and_records_them(pipeline: Path) -> None:
     launcher = FakeLauncher()
     assert run(pipeline, launcher) == dict.fromkeys(["sft", "dpo", "merge", "rm", "ppo"], "ran")
-    assert launcher.calls == ["sft", "dpo", "merge", "rm", "ppo"]
+    assert sorted(launcher.calls) == sorted(["sft", "dpo", "merge", "rm", "ppo"])
+    for before, after in [("sft", "dpo"), ("dpo", "merge"), ("rm", "ppo")]:
+        assert launcher.calls.index(before) < launcher.calls.index(after)
     base = str(pipeline.parent / "base")
     sft_adapter = str(folder(pipeline, "sft") / "adapter")
     dpo_adapter = str(folder(pipeline, "dpo") / "adapter")
@@ -129,14 +133,17 @@ def test_stage_selects_what_it_needs_and_force_reruns_downstream_only(pipeline: 
     assert run(pipeline, launcher, only=["dpo"]) == {"sft": "ran", "dpo": "ran"}
     forced = FakeLauncher()
     run(pipeline, forced, force=["dpo"])
-    assert forced.calls == ["dpo", "merge", "rm", "ppo"]  # rm and ppo had never run
+    assert sorted(forced.calls) == ["dpo", "merge", "ppo", "rm"]  # rm and ppo had never run
     with pytest.raises(AlignError, match="unknown stage 'nope'; stages: sft, dpo, merge, rm, ppo"):
         run(pipeline, FakeLauncher(), only=["nope"])
 
 
 def test_a_failed_stage_is_kept_aside_with_its_record_and_nothing_is_published(pipeline: Path) -> None:
+    failing = FakeLauncher(fail="dpo")
     with pytest.raises(StageFailed, match=r"partial outputs kept in .*\.dpo\.failed-"):
-        run(pipeline, FakeLauncher(fail="dpo"))
+        run(pipeline, failing)
+    assert "merge" not in failing.calls  # it reads dpo's output
+    assert {"rm", "ppo"} <= set(failing.calls) and folder(pipeline, "ppo").is_dir()  # the others finish
     assert not folder(pipeline, "dpo").exists()
     kept = list(folder(pipeline, "dpo").parent.glob(".dpo.failed-*"))
     assert len(kept) == 1 and (kept[0] / "adapter" / "weights.bin").is_file()
@@ -144,5 +151,54 @@ def test_a_failed_stage_is_kept_aside_with_its_record_and_nothing_is_published(p
     assert record["status"] == "failed" and "boom" in record["error"]
     resumed = FakeLauncher()
     run(pipeline, resumed)
-    assert resumed.calls == ["dpo", "merge", "rm", "ppo"]  # sft was published and is reused
+    assert resumed.calls == ["dpo", "merge"]  # sft, rm and ppo were published and are reused
     assert not list(folder(pipeline, "dpo").parent.glob(".dpo.failed-*"))  # gone once dpo succeeded
+
+
+class MeetingLauncher(FakeLauncher):
+    """dpo and rm (both ready once sft ends) must be running at the same moment: each waits for the other
+    inside its launch, which times out if the controller ran them one after the other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meeting = threading.Barrier(2, timeout=10)
+
+    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> dict:
+        if stage.name in ("dpo", "rm"):
+            self.meeting.wait()
+        return super().__call__(plan, stage, scratch, resume)
+
+
+def test_stages_whose_inputs_are_ready_run_at_the_same_time(pipeline: Path) -> None:
+    launcher = MeetingLauncher()
+    assert set(run(pipeline, launcher).values()) == {"ran"}
+    assert launcher.calls[0] == "sft" and set(launcher.calls[1:3]) == {"dpo", "rm"}
+
+
+class InterruptedLauncher(FakeLauncher):
+    """rm is interrupted (as a Ctrl-C in its stage) while dpo runs; dpo runs until the run asks it to stop."""
+
+    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> dict:
+        if stage.name == "sft":
+            return super().__call__(plan, stage, scratch, resume)
+        self.calls.append(stage.name)
+        (scratch / "checkpoints").mkdir(exist_ok=True)
+        if stage.name == "rm":
+            time.sleep(0.5)  # dpo is running by now
+            raise KeyboardInterrupt
+        while True:
+            stop.check()
+            time.sleep(0.05)
+
+
+def test_an_interrupt_stops_every_running_stage_and_keeps_each(pipeline: Path) -> None:
+    launcher = InterruptedLauncher()
+    with pytest.raises(Interrupted) as stopped:
+        run(pipeline, launcher)
+    assert sorted(launcher.calls) == ["dpo", "rm", "sft"]  # merge and ppo never started
+    for stage in ("dpo", "rm"):
+        assert f"stage '{stage}' stopped" in str(stopped.value)
+        kept = list(folder(pipeline, stage).parent.glob(f".{stage}.failed-*"))
+        assert len(kept) == 1
+        assert json.loads((kept[0] / records.RECORD).read_text())["status"] == "interrupted"
+    assert records.read_record(folder(pipeline, "sft"))["status"] == "succeeded"

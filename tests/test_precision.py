@@ -26,7 +26,7 @@ from align.models.precision import PURE_RISK
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import ModelInput, StageInputs, StagePlan, build
-from align.run.controller import resolve_inputs
+from align.run.inputs import resolve_inputs
 from align.stages import runner_for
 from align.stages.context import StageContext
 

@@ -17,7 +17,7 @@ from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import build
 from align.report.status import where_ranks_ran
-from align.run.controller import check_shared
+from align.run.ray_stages import check_shared
 from align.run.workers import GroupShape, rank_order
 from tests.pipelines import stage, write_pipeline
 

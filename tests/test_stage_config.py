@@ -12,7 +12,7 @@ import pytest
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import build
-from align.run.controller import resolve_inputs
+from align.run.inputs import resolve_inputs
 from align.stages.context import StageContext, stage_config
 from pipelines import stage, write_pipeline
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import threading
+
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.data.scan import data_shape
 from align.models.chat_templates import plan_lines
@@ -147,38 +150,56 @@ def progress_text(entry: dict) -> str:
 
 
 class ProgressLine:
-    """One live progress line per running stage: redrawn in place on a terminal, and printed at every
-    tenth of the stage otherwise (a log file or CI gets ten lines, not one per step)."""
+    """One live progress line per running stage: redrawn in place on a terminal (stages running side by
+    side get one line each, below the run's other lines), and printed at every tenth of the stage
+    otherwise (a log file or CI gets ten lines, not one per step). Stages call it from their threads."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
         self.live = stream.isatty()
-        self.drawn = False
+        self.lines: dict[str, str] = {}  # the drawn block, one line per running stage
         self.tenths: dict[str, int] = {}
+        self.lock = threading.RLock()  # a signal may land in the main thread while it draws
 
     def update(self, stage: str, entry: dict) -> None:
         line = format_progress(stage, entry)
-        if self.live:
-            self.stream.write(f"\r\033[K{line}")
-            self.drawn = True
-        else:
-            total = entry.get("max_steps") or 0
-            tenth = 10 * entry["step"] // total if total else 0
-            if tenth > self.tenths.get(stage, 0):
-                self.tenths[stage] = tenth
-                self.stream.write(line + "\n")
-        self.stream.flush()
+        with self.lock:
+            if self.live:
+                self.erase()
+                self.lines[stage] = line[: shutil.get_terminal_size().columns - 1]  # one row each
+                self.draw()
+            else:
+                total = entry.get("max_steps") or 0
+                tenth = 10 * entry["step"] // total if total else 0
+                if tenth > self.tenths.get(stage, 0):
+                    self.tenths[stage] = tenth
+                    self.stream.write(line + "\n")
+            self.stream.flush()
 
     def event(self, line: str) -> None:
-        """A line from the run (a stage starting, ending, retrying), below the progress line."""
-        self.end()
-        self.stream.write(line + "\n")
-        self.stream.flush()
+        """A line from the run (a stage starting, ending, retrying), above the progress lines; a stage that
+        ends takes its progress line with it."""
+        with self.lock:
+            self.erase()
+            self.stream.write(line + "\n")
+            stage = line[1 : line.index("]")] if line.startswith("[") and "]" in line else None
+            if stage in self.lines and (" done in " in line or " failed: " in line):
+                del self.lines[stage]
+            self.draw()
+            self.stream.flush()
 
     def end(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.drawn = False
+        """Leave the last progress lines on screen, and what follows below them."""
+        with self.lock:
+            self.lines.clear()
+
+    def erase(self) -> None:
+        if self.lines:
+            self.stream.write(f"\033[{len(self.lines)}F\033[J")  # up to the block's first line, clear below
+
+    def draw(self) -> None:
+        for line in self.lines.values():
+            self.stream.write(line + "\n")
 
 
 def format_package(package: Package) -> str:

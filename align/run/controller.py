@@ -1,33 +1,31 @@
 """The Ray driver: a thin controller that walks the plan and runs each stage on warm Ray workers.
 
-It reads like single-process code: hold the pipeline's output folder, then for each stage in order,
-skip it if its record matches, else launch it (resuming an earlier attempt's checkpoint, retrying lost
-workers) and publish its folder when it ends.
+It reads like single-process code: hold the pipeline's output folder, then start each stage whose inputs
+are ready (stages the DAG leaves independent run side by side, as far as the cluster holds them): skip it
+if its record matches, else launch it (resuming an earlier attempt's checkpoint, retrying lost workers)
+and publish its folder when it ends.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from align.config.secrets import redact
-from align.data.loading import NO_EVAL
 from align.errors import AlignError, Interrupted, StageFailed
-from align.fingerprint import digest
-from align.models.loading import resolve_model
-from align.pipeline.graph import downstream, reference_target, upstream
-from align.planning.plan import ModelInput, Plan, StageInputs, StagePlan, priced_at_launch
-from align.run import records
+from align.pipeline.graph import downstream, upstream
+from align.planning.plan import Plan, StagePlan, priced_at_launch
+from align.run import records, stop
 from align.run.disk import check_space, probe_writable
-from align.run.launch import LostWorkers, connect, connected, disconnect, ray_launch, worker_env
-from align.run.lock import RunLock, run_lock
+from align.run.inputs import fingerprint, output_of, resolve_inputs
+from align.run.launch import LostWorkers
+from align.run.lock import run_lock
+from align.run.ray_stages import RayStages, ray_launcher
 from align.run.worker import RESULT
-from align.run.workers import GroupShape, WarmWorkers
 from align.stages.checkpoints import latest_complete, remove_torn
 
 Event = Callable[[str], None]
@@ -46,81 +44,6 @@ class Outcome:
     folder: Path
     seconds: float
     metrics: dict[str, float]
-
-
-def model_input(value: str, field: str, folders: dict[str, Path]) -> ModelInput:
-    """A model value resolved: a builtin's cached folder, a local folder's absolute path, a hub id, or an
-    upstream stage's output read from its record (a base with its chain of adapters)."""
-    target = reference_target(value)
-    if target is None:
-        return ModelInput(resolve_model(value, field))
-    record = records.read_record(folders[target])
-    if record is None or record.get("status") != "succeeded":
-        raise AlignError(f"{field}: stage '{target}' has no finished output to read")
-    output = record["output"]
-    return ModelInput(output["base"], tuple(output["adapters"]))
-
-
-def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
-    """Every folder a stage reads, resolved here on the driver so that no stage imports `run/`."""
-    model = model_input(stage.model_source, f"{stage.where}.model", folders)
-    reward_models = {
-        index: model_input(reward.model, f"{stage.where}.rewards[{index}].model", folders).base
-        for index, reward in enumerate(getattr(stage.stage, "rewards", []))
-        if reward.model is not None
-    }
-    models = {  # an eval stage's, each resolved as a stage's own model is
-        name: model_input(value, f"{stage.where}.models.{name}", folders)
-        for name, value in getattr(stage.stage, "models", {}).items()
-    }
-    return StageInputs(model, reward_models, models)
-
-
-def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
-    """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
-    from align.data.loading import data_identity
-
-    upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
-    data = getattr(stage.stage, "data", None)
-    if prompts := getattr(data, "prompts", None):  # an eval stage's
-        splits = (("prompts", prompts),)
-    else:
-        held_out = data.eval if data and data.eval != NO_EVAL else None
-        splits = (("train", data.train), ("eval", held_out)) if data else ()
-    inputs = stage.inputs
-    own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
-    template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
-    named = {  # an eval stage's models that are not an upstream's output (those are in its fingerprint)
-        name: records.model_identity(model.base)
-        for name, model in inputs.models.items()
-        if reference_target(stage.stage.models[name]) is None
-    }
-    return digest(
-        {
-            **template,
-            **({"models": named} if named else {}),
-            "stage": stage.stage.model_dump(mode="json"),
-            "backend": stage.backend,
-            "workers": stage.workers,
-            "precision": stage.precision,
-            "trainable_dtype": stage.trainable_dtype,  # bf16 once meant bf16 weights: such runs train again
-            "seed": stage.seed,
-            "model": records.model_identity(inputs.model.base) if own_model else None,
-            "reward_models": {i: records.model_identity(f) for i, f in inputs.reward_models.items()},
-            "upstream": upstream_prints,
-            "data": {
-                split: data_identity(ref, f"{stage.where}.data.{split}") for split, ref in splits if ref
-            },
-        }
-    )
-
-
-def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[str, Any]:
-    """What the next stage reads: a base with its chain of adapters, or a whole model folder."""
-    path = str(folder / result["output"])
-    if result["output"] == "adapter":
-        return {"kind": "adapter", "path": path, "base": inputs.base, "adapters": [*inputs.adapters, path]}
-    return {"kind": "model", "path": path, "base": path, "adapters": []}
 
 
 def memory_plan(stage: StagePlan) -> list[dict[str, Any]] | None:
@@ -245,6 +168,10 @@ def with_kept_folder(err: BaseException, stage: str, kept: Path) -> BaseExceptio
     return type(err)(f"{err}\n(partial outputs kept in {kept}{log})")
 
 
+def first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
 def selected_stages(plan: Plan, only: list[str], force: list[str]) -> tuple[set[str], set[str]]:
     """Stages to consider (the named ones and what they need) and stages to rerun regardless."""
     unknown = [name for name in [*only, *force] if name not in plan.stages]
@@ -267,114 +194,124 @@ def run_plan(
     launch: Launcher | None = None,
     command: str = "align run",
 ) -> list[Outcome]:
-    """Run (or skip) each selected stage in dependency order; a changed stage reruns its dependents.
+    """Run (or skip) each selected stage once its inputs are ready, side by side where the DAG and the
+    cluster allow; a changed stage reruns its dependents. A failed stage stops its dependents while the
+    others finish; its error is raised at the end. Ctrl-C/SIGTERM stops every running stage and keeps each.
 
     The pipeline's output folder is held for the whole run (a second run is refused) and checked
     writable first. `launch` runs a stage; by default on the run's warm Ray workers (`ray_launch`)."""
     wanted, forced = selected_stages(plan, list(only), [*force, *restart])
     root = plan.pipeline.defaults.output_root
-    folders = {name: records.stage_dir(root, plan.pipeline.name, name) for name in plan.order}
     pipeline_folder = records.pipeline_dir(root, plan.pipeline.name)
     probe_writable(pipeline_folder)
-    outcomes = []
+    stop.clear()
     with (
         run_lock(pipeline_folder, command) as lock,
-        ray_launcher(plan, lock, address, verbose, on_event, on_progress) as (ray, start_ray),
+        ray_launcher(plan, lock, address, verbose, on_event, on_progress) as ray,
     ):
         if lock.stopped:
             on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
-        launch = launch or ray
-        for name in (n for n in plan.order if n in wanted):
-            stage = replace(plan.stages[name], inputs=resolve_inputs(plan.stages[name], folders))
+        schedule = Schedule(plan, [n for n in plan.order if n in wanted], forced, set(restart), on_event)
+        return schedule.run(launch or ray, ray if launch is None else None)
+
+
+def up_to_date(record: dict[str, Any] | None, stamp: str) -> bool:
+    return bool(record) and record.get("status") == "succeeded" and record.get("fingerprint") == stamp
+
+
+@dataclass
+class Schedule:
+    """The stages of one run, started as their inputs are ready (each in its own thread, which waits on
+    its ranks) and collected as they end. Signals land in the driver's main thread, which waits here."""
+
+    plan: Plan
+    todo: list[str]  # in the pipeline's order
+    forced: set[str]
+    restart: set[str]
+    on_event: Event
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    failures: dict[str, BaseException] = field(default_factory=dict)
+    running: dict[Future, str] = field(default_factory=dict)
+    not_run: set[str] = field(default_factory=set)  # an upstream stage failed
+
+    def run(self, launch: Launcher, ray: RayStages | None) -> list[Outcome]:
+        with ThreadPoolExecutor(max_workers=max(1, len(self.todo)), thread_name_prefix="stage") as pool:
+            try:
+                while self.todo or self.running:
+                    self.start_ready(pool, launch, ray)
+                    finished, _ = wait(list(self.running), timeout=0.5, return_when=FIRST_COMPLETED)
+                    self.collect(finished)
+            except KeyboardInterrupt as err:
+                raise self.stopped(err) from None
+        if self.failures:
+            raise next(self.failures[name] for name in self.plan.order if name in self.failures)
+        return [self.outcomes[name] for name in self.plan.order if name in self.outcomes]
+
+    def start_ready(self, pool: ThreadPoolExecutor, launch: Launcher, ray: RayStages | None) -> None:
+        """Skip or start, in the pipeline's order, each stage whose upstream stages all succeeded; drop the
+        ones an upstream failure leaves without input."""
+        for name in list(self.todo):
+            needs = self.plan.stages[name].upstream
+            if failed := [up for up in needs if up in self.failures or up in self.not_run]:
+                self.todo.remove(name)
+                self.not_run.add(name)
+                self.on_event(f"[{name}] not run: it reads '{failed[0]}', which did not finish")
+                continue
+            if any(up not in self.outcomes for up in needs):
+                continue
+            self.todo.remove(name)
+            folders = self.folders()
+            stage = replace(self.plan.stages[name], inputs=resolve_inputs(self.plan.stages[name], folders))
             stamp = fingerprint(stage, folders)
             existing = records.read_record(folders[name])
-            if (
-                name not in forced
-                and existing
-                and existing.get("status") == "succeeded"
-                and existing.get("fingerprint") == stamp
-            ):
-                on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
-                outcomes.append(Outcome(name, "skipped", folders[name], 0.0, existing.get("metrics", {})))
-                continue
-            stage = priced_at_launch(plan.pipeline, stage)
-            check_space(stage, pipeline_folder)
-            if launch is ray:
-                start_ray(stage)  # its one line (which Ray) before the first stage's
-            on_event(f"[{name}] running {stage.kind} on {stage.workers} worker(s), backend {stage.backend}")
-            record = run_stage(
-                plan, stage, stamp, folders[name], launch, restart=name in restart, on_event=on_event
-            )
-            seconds = record["ended"] - record["started"]
-            on_event(f"[{name}] done in {seconds:.1f}s -> {folders[name]}")
-            outcomes.append(Outcome(name, "ran", folders[name], seconds, record["metrics"]))
-    return outcomes
+            if name not in self.forced and up_to_date(existing, stamp):
+                self.on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
+                metrics = existing.get("metrics", {})
+                self.outcomes[name] = Outcome(name, "skipped", folders[name], 0.0, metrics)
+                return self.start_ready(pool, launch, ray)  # its dependents may be ready now
+            stage = priced_at_launch(self.plan.pipeline, stage)
+            check_space(stage, folders[name].parent)
+            if ray is not None:
+                ray.start(stage)  # its one line (which Ray) before the first stage's, in the main thread
+                ray.workers.turns.queue(name)
+            where = f"{stage.workers} worker(s), backend {stage.backend}"
+            self.on_event(f"[{name}] running {stage.kind} on {where}")
+            self.running[pool.submit(self.run_one, stage, stamp, launch)] = name
 
+    def run_one(self, stage: StagePlan, stamp: str, launch: Launcher) -> Outcome:
+        folder = self.folders()[stage.name]
+        restart = stage.name in self.restart
+        record = run_stage(self.plan, stage, stamp, folder, launch, restart=restart, on_event=self.on_event)
+        seconds = record["ended"] - record["started"]
+        self.on_event(f"[{stage.name}] done in {seconds:.1f}s -> {folder}")
+        return Outcome(stage.name, "ran", folder, seconds, record["metrics"])
 
-@contextmanager
-def ray_launcher(
-    plan: Plan,
-    lock: RunLock,
-    address: str | None,
-    verbose: bool,
-    on_event: Event,
-    on_progress: Callable[[str, dict[str, Any]], None],
-) -> Iterator[tuple[Launcher, Callable[[StagePlan], None]]]:
-    """`ray_launch` on the run's warm workers (one group, kept across stages of its shape), noting the
-    processes of the embedded Ray under the run's lock, so that a later run can stop them should this
-    driver be killed. Ray starts with the first stage that runs (a run that skips every stage never
-    starts it), says which Ray it is in one line, and stops, with the workers, before the run's lock is
-    released. A new group first proves that every rank reads the output root."""
-    workers = WarmWorkers(worker_env(plan.pipeline.module_roots()), on_event)
-    embedded = True
-
-    def start(stage: StagePlan) -> None:
-        nonlocal embedded
-        if not connected():
-            messages = records.pipeline_dir(plan.pipeline.defaults.output_root, plan.pipeline.name)
+    def collect(self, finished: set[Future]) -> None:
+        for future in finished:
+            name = self.running.pop(future)
             try:
-                embedded, which = connect(address, verbose, messages / "ray-messages.log")
-            except Interrupted as err:
-                where = f"stopped while Ray started, before stage '{stage.name}' (earlier stages are kept)"
-                raise Interrupted(err.signum, where) from None
-            on_event(which)
+                self.outcomes[name] = future.result()
+            except Exception as err:  # noqa: BLE001 - the stage's own end; the others go on
+                self.failures[name] = err
+                if self.running or self.todo:  # the error itself is raised once the others end
+                    self.on_event(f"[{name}] failed: {first_line(err)}")
 
-    def launch(plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
-        start(stage)
-        shape = GroupShape.of(stage, plan.hardware.accelerator, embedded)
-        fresh = workers.group is None or workers.group.stopped or workers.group.shape != shape
-        group = workers.group_for(shape, stage.name)
-        lock.note_processes()
-        if fresh:
-            check_shared(group, scratch.parent)
-        result = ray_launch(
-            group,
-            stage,
-            scratch,
-            resume,
-            verbose=verbose,
-            on_progress=lambda progress: on_progress(stage.name, progress),
-        )
-        return {**result, "ranks": group.placement}
+    def stopped(self, err: KeyboardInterrupt) -> Interrupted:
+        """Ask every running stage to stop, wait while each sets itself aside, and say where each was kept."""
+        stop.request(getattr(err, "signum", Interrupted.received))
+        if self.running:
+            names = ", ".join(sorted(self.running.values()))
+            self.on_event(f"stopping {names}: each is set aside for the next run to resume")
+        kept = [str(err)] if str(err) else []
+        for future in as_completed(list(self.running)):
+            try:
+                future.result()
+            except BaseException as stage_err:  # noqa: BLE001 - each one's end is reported together
+                if str(stage_err) and str(stage_err) not in kept:
+                    kept.append(str(stage_err))
+        self.running.clear()
+        return Interrupted(Interrupted.received, "\n".join(kept))  # a line per stage
 
-    try:
-        yield launch, start
-    finally:
-        workers.stop()
-        disconnect()
-
-
-def check_shared(group: Any, folder: Path) -> None:
-    """Every rank must see the output root: a rank on a node without it would write where nobody reads."""
-    probe, expected = folder / f".align-probe-{uuid.uuid4().hex}", uuid.uuid4().hex
-    probe.write_text(expected)
-    try:
-        unreadable = group.unreadable(str(probe), expected)
-    finally:
-        probe.unlink(missing_ok=True)
-    if unreadable:
-        nodes = sorted({group.placement[rank]["node_ip"] for rank in unreadable})
-        raise AlignError(
-            f"rank(s) {', '.join(map(str, unreadable))} on node(s) {', '.join(nodes)} cannot read {folder}: "
-            "the output root must be shared storage that every node mounts at the same path"
-        )
+    def folders(self) -> dict[str, Path]:
+        root = self.plan.pipeline.defaults.output_root
+        return {name: records.stage_dir(root, self.plan.pipeline.name, name) for name in self.plan.order}

@@ -1,6 +1,7 @@
 """One attempt at a stage on a warm worker group: run it on every rank, wait, classify the end.
 
-The driver waits here, shows progress, and on Ctrl-C/SIGTERM shuts Ray down, which stops every worker.
+The driver waits here (in the stage's thread: stages run side by side), shows progress, and on
+Ctrl-C/SIGTERM stops the group's workers.
 A failure is either a lost worker (Ray's own error: a killed or OOM-killed process, a lost node), which
 the controller retries from the latest checkpoint on a fresh group, or the stage's own error, which is
 not retried and is reported once, with the path of the worker log.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from align.errors import AlignError, Interrupted, StageFailed
 from align.planning.plan import StagePlan
+from align.run import stop
 from align.run.worker import ERROR, PROGRESS_FILE, RESULT
 
 if TYPE_CHECKING:
@@ -254,18 +256,25 @@ def ray_launch(
     *,
     verbose: bool = False,
     on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
+    services: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run one attempt of the stage on the warm `group` (`stage.workers` ranks), from `resume` (a
-    checkpoint folder) if given; return rank 0's result. The driver waits here, showing progress; on
-    Ctrl-C/SIGTERM it shuts Ray down, which stops every worker. A failure leaves the group stopped (a rank
-    may be dead, or waiting in a collective for one that is)."""
+    checkpoint folder) if given; return rank 0's result. The stage's thread waits here, showing progress;
+    once the run is asked to stop (Ctrl-C/SIGTERM) it stops the group's workers. A failure leaves the group
+    stopped (a rank may be dead, or waiting in a collective for one that is). `services`: the clients of the
+    stage's frozen models in actors of their own (align/run/services.py), sent to every rank."""
     for stale in (ERROR, RESULT):
         (scratch / stale).unlink(missing_ok=True)
-    config = {"plan": stage, "output_dir": str(scratch), "resume": str(resume) if resume else None}
+    config = {
+        "plan": stage,
+        "output_dir": str(scratch),
+        "resume": str(resume) if resume else None,
+        "services": services or {},
+    }
     try:
         failures = wait_for(group, group.run({**config, "verbose": verbose}), scratch, on_progress)
     except BaseException:
-        disconnect()  # Ctrl-C or SIGTERM: stops the workers; the caller keeps the stage aside
+        group.stop()  # Ctrl-C or SIGTERM: the caller keeps the stage aside
         raise
     if not failures:
         return json.loads((scratch / RESULT).read_text())
@@ -294,6 +303,7 @@ def wait_for(
     pending, failures = [*group.joined, *runs], {}
     deadline = None
     while pending and (deadline is None or time.monotonic() < deadline):
+        stop.check()
         done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
         for ref in done:
             try:

@@ -2,16 +2,21 @@
 
 Ray leaves a request no node can hold pending forever, with no word (ray#27287): here the wait says every
 15 s what is asked and what each node has free, and gives up after the stage's `wait_s` in one line that
-names the request and the largest node. Nothing is held after a failure or an interrupt.
+names the request and the largest node; while stages of the same run hold what it waits for, it waits for
+them without a limit. Stages reserve in the pipeline's order (`Turns`): a big stage is not starved by
+smaller ones queued after it. Nothing is held after a failure or an interrupt.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from align.errors import AlignError
+from align.run import stop
 
 NOTE_EVERY_S = 15.0
 
@@ -54,10 +59,45 @@ def largest_node() -> dict[str, float]:
     return max(kept, key=lambda node: node.get("CPU", 0), default={})
 
 
+class Turns:
+    """Reservations in the pipeline's order: a stage reserves once every stage queued before it in that
+    order has, so that small stages started later cannot keep a big one waiting."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.rank = {name: index for index, name in enumerate(order)}
+        self.queued: set[str] = set()
+        self.changed = threading.Condition()
+
+    def queue(self, stage: str) -> None:
+        """Note a stage about to ask (the driver, starting the stage's thread, in the pipeline's order)."""
+        with self.changed:
+            self.queued.add(stage)
+
+    @contextmanager
+    def turn(self, stage: str) -> Iterator[None]:
+        with self.changed:
+            self.queued.add(stage)  # a retry queues again
+            while min(self.queued, key=lambda name: self.rank.get(name, -1)) != stage:
+                self.changed.wait(timeout=1.0)
+                stop.check()
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.queued.discard(stage)
+                self.changed.notify_all()
+
+
 def reserve(
-    stage: str, bundles: list[dict[str, float]], strategy: str, wait_s: float, say: Callable[[str], None]
+    stage: str,
+    bundles: list[dict[str, float]],
+    strategy: str,
+    wait_s: float,
+    say: Callable[[str], None],
+    holders: Callable[[], list[str]] = list,
 ) -> Any:
-    """The placement group of `bundles`, once Ray has reserved all of them; AlignError after `wait_s`."""
+    """The placement group of `bundles`, once Ray has reserved all of them; AlignError after `wait_s`, a
+    limit that counts only while `holders()` (the run's other stages holding resources) is empty."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -65,8 +105,17 @@ def reserve(
     asked = f"{len(bundles)} x {shown(bundles[0])} ({strategy})"
     started = time.monotonic()
     note_at = NOTE_EVERY_S
+    told: list[str] = []
     try:
         while not ray.wait([group.ready()], timeout=1.0)[0]:
+            stop.check()
+            if held := holders():
+                if held != told:
+                    names = ", ".join(held)
+                    say(f"[{stage}] waiting for stage(s) {names} to end: they hold what it asks ({asked})")
+                    told = held
+                started, note_at = time.monotonic(), NOTE_EVERY_S
+                continue
             waited = time.monotonic() - started
             if waited >= wait_s:
                 raise AlignError(

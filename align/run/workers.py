@@ -16,12 +16,14 @@ import importlib
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from align.planning.resources import shared_cpus
-from align.run.reservation import reserve
+from align.run import stop
+from align.run.reservation import Turns, reserve
 
 WARM_IMPORTS = ("torch", "transformers", "trl", "peft", "align.stages.context", "align.stages.training")
 """What every stage imports, imported while the group starts rather than in the first stage."""
@@ -163,20 +165,36 @@ def advertised(places: list[tuple[str, list[str], str]]) -> list[tuple[str, list
     return [(addresses.get(node, ip), gpus, node) for ip, gpus, node in places]
 
 
+def answers(refs: list[Any]) -> list[Any]:
+    """`ray.get(refs)`, polled so that the run's stop reaches a stage's thread waiting on its actors."""
+    import ray
+
+    while ray.wait(refs, num_returns=len(refs), timeout=0.5)[1]:
+        stop.check()
+    return ray.get(refs)
+
+
 class WorkerGroup:
     """`shape.workers` actors in one process group, each in its own bundle of a placement group reserved
     all at once (align/run/reservation.py), with `env` (the driver's, align/run/launch.py `worker_env`) and
     its rank's; `run` calls every rank and returns their futures. `placement` says where each rank runs."""
 
     def __init__(
-        self, shape: GroupShape, env: dict[str, str], stage: str, say: Callable[[str], None]
+        self,
+        shape: GroupShape,
+        env: dict[str, str],
+        stage: str,
+        say: Callable[[str], None],
+        holders: Callable[[], list[str]] = list,
     ) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.shape, self.stopped, self.actors = shape, False, []
         bundle = dict(shape.bundle)
-        self.placement_group = reserve(stage, [bundle] * shape.workers, shape.strategy, shape.wait_s, say)
+        self.placement_group = reserve(
+            stage, [bundle] * shape.workers, shape.strategy, shape.wait_s, say, holders
+        )
         try:
             custom = {key: value for key, value in bundle.items() if key not in ("CPU", "GPU")}
             remote = ray.remote(max_restarts=0, max_concurrency=1)(StageWorker)
@@ -186,10 +204,10 @@ class WorkerGroup:
                 )
                 options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "resources": custom}
                 self.actors.append(remote.options(scheduling_strategy=strategy, **options).remote())
-            places = advertised(ray.get([actor.where.remote() for actor in self.actors]))
+            places = advertised(answers([actor.where.remote() for actor in self.actors]))
             order = rank_order(places)
             self.actors, places = [self.actors[i] for i in order], [places[i] for i in order]
-            master = (places[0][0], ray.get(self.actors[0].free_port.remote()))
+            master = (places[0][0], answers([self.actors[0].free_port.remote()])[0])
             ranks = rank_environments([(node, gpus) for _, gpus, node in places], master, shape.gpu)
             self.placement = [
                 {
@@ -215,15 +233,16 @@ class WorkerGroup:
 
     def unreadable(self, probe: str, expected: str) -> list[int]:
         """The ranks that cannot read back the probe the driver wrote in the output root."""
-        import ray
 
-        seen = ray.get([actor.can_read.remote(probe, expected) for actor in self.actors])
+        seen = answers([actor.can_read.remote(probe, expected) for actor in self.actors])
         return [rank for rank, ok in enumerate(seen) if not ok]
 
     def stop(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.stopped:
+            return
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         remove_placement_group(self.placement_group)
@@ -231,27 +250,62 @@ class WorkerGroup:
 
 
 class WarmWorkers:
-    """The run's one group at a time: kept while stages fit its shape, replaced when one does not (its
-    CPUs or GPUs go to the new one) or when a failure stopped it."""
+    """The run's groups: one per running stage, and idle ones kept for a later stage of their shape. A
+    stage that needs another shape stops the idle groups first (their CPUs or GPUs go to it), and reserves
+    in its turn (the pipeline's order, `Turns`)."""
 
-    def __init__(self, env: dict[str, str], say: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(self, env: dict[str, str], order: list[str], say: Callable[[str], None] = lambda _: None):
         self.env, self.say = env, say
-        self.group: WorkerGroup | None = None
+        self.turns = Turns(order)
+        self.busy: dict[str, WorkerGroup] = {}
+        self.idle: list[WorkerGroup] = []
+        self.lock = threading.Lock()
 
-    def group_for(self, shape: GroupShape, stage: str) -> WorkerGroup:
-        if self.group is not None and not self.group.stopped and self.group.shape == shape:
-            return self.group
-        if self.group is not None and not self.group.stopped:
-            self.group.stop()
-        self.group = None
-        self.group = WorkerGroup(shape, self.env, stage, self.say)
-        return self.group
+    def acquire(self, shape: GroupShape, stage: str) -> tuple[WorkerGroup, bool]:
+        """A group for `stage`: an idle one of its shape, or a new one (True) once Ray reserved it."""
+        with self.turns.turn(stage):
+            with self.lock:
+                kept = next((group for group in self.idle if group.shape == shape), None)
+                if kept is not None:
+                    self.idle.remove(kept)
+                    self.busy[stage] = kept
+                    return kept, False
+            group = WorkerGroup(shape, self.env, stage, self.say, self.holders)
+            with self.lock:
+                self.busy[stage] = group
+            return group, True
+
+    def release(self, stage: str) -> None:
+        """The stage has ended: its group waits for a next stage of its shape, unless a failure stopped it."""
+        with self.lock:
+            group = self.busy.pop(stage)
+            if not group.stopped:
+                self.idle.append(group)
+
+    def holders(self) -> list[str]:
+        """The stages whose groups hold resources a waiting stage needs: the idle groups are stopped first,
+        since they can only free theirs."""
+        with self.lock:
+            self.stop_idle()
+            return sorted(self.busy)
+
+    def stop_idle(self) -> None:
+        for group in self.idle:
+            if not group.stopped:
+                group.stop()
+        self.idle.clear()
 
     def stop(self) -> None:
-        """Stop the group, unless Ray went first (an interrupt shuts it down, and its workers with it)."""
-        if self.group is None or self.group.stopped:
-            return
+        """Stop every group, unless Ray went first (an interrupt shuts it down, and its workers with it)."""
+        if not (self.busy or self.idle):
+            return  # and Ray need not be imported: a run that skipped every stage never started it
         import ray
 
-        if ray.is_initialized():
-            self.group.stop()
+        if not ray.is_initialized():
+            return
+        with self.lock:
+            for group in [*self.busy.values(), *self.idle]:
+                if not group.stopped:
+                    group.stop()
+            self.busy.clear()
+            self.idle.clear()

@@ -40,8 +40,8 @@ def run(ctx: StageContext) -> StageResult:
     stage = ctx.plan.stage
     *earlier, last = ctx.model_input.adapters
     tokenizer = stage_tokenizer(ctx)
-    # the last adapter's tokenizer: rows for the tokens its stage added
-    base = load_stage_model(ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier))), tokenizer=tokenizer)
+    before_last = ctx.with_model(ModelInput(ctx.model_input.base, tuple(earlier)))
+    base = load_stage_model(before_last, tokenizer=tokenizer)  # rows for the tokens the last stage added
     adapted = PeftModel.from_pretrained(base, last)
     before = prompt_logits(adapted, tokenizer, stage.check_prompts)
     prompts = [[{"role": "user", "content": text}] for text in stage.check_prompts[:SAMPLE_PROMPTS]]

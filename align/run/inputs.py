@@ -1,0 +1,90 @@
+"""What a stage reads, resolved on the driver from the records of the stages before it, and the
+fingerprint that says whether its published output is still up to date."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from align.data.loading import NO_EVAL
+from align.errors import AlignError
+from align.fingerprint import digest
+from align.models.loading import resolve_model
+from align.pipeline.graph import reference_target
+from align.planning.plan import ModelInput, StageInputs, StagePlan
+from align.run import records
+
+
+def model_input(value: str, field: str, folders: dict[str, Path]) -> ModelInput:
+    """A model value resolved: a builtin's cached folder, a local folder's absolute path, a hub id, or an
+    upstream stage's output read from its record (a base with its chain of adapters)."""
+    target = reference_target(value)
+    if target is None:
+        return ModelInput(resolve_model(value, field))
+    record = records.read_record(folders[target])
+    if record is None or record.get("status") != "succeeded":
+        raise AlignError(f"{field}: stage '{target}' has no finished output to read")
+    output = record["output"]
+    return ModelInput(output["base"], tuple(output["adapters"]))
+
+
+def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
+    """Every folder a stage reads, resolved here on the driver so that no stage imports `run/`."""
+    model = model_input(stage.model_source, f"{stage.where}.model", folders)
+    reward_models = {
+        index: model_input(reward.model, f"{stage.where}.rewards[{index}].model", folders).base
+        for index, reward in enumerate(getattr(stage.stage, "rewards", []))
+        if reward.model is not None
+    }
+    models = {  # an eval stage's, each resolved as a stage's own model is
+        name: model_input(value, f"{stage.where}.models.{name}", folders)
+        for name, value in getattr(stage.stage, "models", {}).items()
+    }
+    return StageInputs(model, reward_models, models)
+
+
+def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
+    """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
+    from align.data.loading import data_identity
+
+    upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
+    data = getattr(stage.stage, "data", None)
+    if prompts := getattr(data, "prompts", None):  # an eval stage's
+        splits = (("prompts", prompts),)
+    else:
+        held_out = data.eval if data and data.eval != NO_EVAL else None
+        splits = (("train", data.train), ("eval", held_out)) if data else ()
+    inputs = stage.inputs
+    own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
+    template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
+    named = {  # an eval stage's models that are not an upstream's output (those are in its fingerprint)
+        name: records.model_identity(model.base)
+        for name, model in inputs.models.items()
+        if reference_target(stage.stage.models[name]) is None
+    }
+    return digest(
+        {
+            **template,
+            **({"models": named} if named else {}),
+            "stage": stage.stage.model_dump(mode="json"),
+            "backend": stage.backend,
+            "workers": stage.workers,
+            "precision": stage.precision,
+            "trainable_dtype": stage.trainable_dtype,  # bf16 once meant bf16 weights: such runs train again
+            "seed": stage.seed,
+            "model": records.model_identity(inputs.model.base) if own_model else None,
+            "reward_models": {i: records.model_identity(f) for i, f in inputs.reward_models.items()},
+            "upstream": upstream_prints,
+            "data": {
+                split: data_identity(ref, f"{stage.where}.data.{split}") for split, ref in splits if ref
+            },
+        }
+    )
+
+
+def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[str, Any]:
+    """What the next stage reads: a base with its chain of adapters, or a whole model folder."""
+    path = str(folder / result["output"])
+    if result["output"] == "adapter":
+        return {"kind": "adapter", "path": path, "base": inputs.base, "adapters": [*inputs.adapters, path]}
+    return {"kind": "model", "path": path, "base": path, "adapters": []}
