@@ -114,6 +114,12 @@ bench-overhead: $(SETUP)
 bench-data: $(SETUP)
 	$(OFFLINE) $(PY) bench/data.py
 
+# Two stages of one parent, one after the other against side by side (about 5 min on 2 cores); writes
+# bench/results/concurrency-cpu.md
+.PHONY: bench-concurrency
+bench-concurrency: $(SETUP)
+	$(OFFLINE) $(PY) bench/concurrency.py
+
 # validate/plan wall time, warm and cold, against a bare interpreter and `import torch` (about 1 min)
 bench-cli: $(SETUP)
 	$(OFFLINE) $(PY) bench/cli.py
