@@ -16,15 +16,31 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from align.errors import AlignError
 
 
 class RewardError(AlignError):
     """A reward function that cannot be loaded, or that failed or misbehaved on a batch."""
+
+
+WITH_POLICY = "with_policy"
+ACTOR = "actor"
+
+
+class ServiceResources(BaseModel):
+    """What a frozen model placed in its own Ray actor (`placement: actor`: a reward model, a reference)
+    asks Ray for. Defaults: on an embedded Ray, where the ranks already share this machine's cores, no CPU
+    of its own (0, so it can start at all); on a cluster 1 CPU; and 1 GPU where the plan has GPUs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float | None = Field(default=None, ge=0)
+    gpus: float | None = Field(default=None, ge=0)
+    wait_s: float = Field(default=600.0, gt=0)  # for it to start and load its model, then one clear line
 
 
 class RewardSpec(BaseModel):
@@ -36,6 +52,11 @@ class RewardSpec(BaseModel):
     model: str | None = None  # ${stages.NAME.output} of a reward stage, or a reward model folder
     args: dict[str, Any] = {}
     weight: float = 1.0
+    placement: Literal["with_policy", "actor"] = Field(default=WITH_POLICY, exclude=True)
+    """A reward model's: on every training rank (`with_policy`), or in a Ray actor of its own (`actor`)
+    that the ranks send texts to. Where it runs does not change what it computes: left out of the
+    stage's fingerprint, as `resources:` is."""
+    resources: ServiceResources | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def one_source(self) -> RewardSpec:
@@ -43,6 +64,13 @@ class RewardSpec(BaseModel):
             raise ValueError("give exactly one of `function` (a reward function) or `model` (a reward model)")
         if self.model is not None and self.args:
             raise ValueError("`args` are a reward function's settings; a reward model takes none")
+        if self.function is not None and (self.placement == ACTOR or self.resources is not None):
+            raise ValueError(
+                "`placement: actor` and `resources` place a reward *model* in a Ray actor of its own; a "
+                "function runs on each training rank: remove them"
+            )
+        if self.resources is not None and self.placement != ACTOR:
+            raise ValueError("`resources` are for a reward model in its own actor: add `placement: actor`")
         return self
 
 

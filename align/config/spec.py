@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from align.config.placement import ReferenceSpec
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -150,6 +151,7 @@ class TrainingStage(StageBase):
     data: DataSpec
     lora: LoraSpec | None = None
     trl: dict[str, Any] = {}
+    reference: ReferenceSpec | None = Field(default=None, exclude=True)  # where it runs: not fingerprinted
 
 
 class SFTStage(TrainingStage):

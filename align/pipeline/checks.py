@@ -19,6 +19,7 @@ from align.models.chat_templates import resolve_template
 from align.models.loading import has_chat_template, model_problem
 from align.pipeline.eval_checks import eval_problems
 from align.pipeline.graph import order, reference_target, references
+from align.pipeline.placement_checks import placement_problems
 from align.rewards import args_problem, function_problem
 
 
@@ -120,6 +121,7 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
     problems += data_problems(pipeline)
     problems += template_problems(pipeline)
     problems += reward_problems(pipeline)
+    problems += placement_problems(pipeline)
     problems += vllm_problems(pipeline)
     problems += eval_problems(pipeline, reward_model_problems)
     problems += ignored_by_trl(pipeline)

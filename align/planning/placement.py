@@ -6,17 +6,20 @@ stage runners follow it by reading `Placement`'s fields instead of testing the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from align.backends import Backend
+from align.config.placement import ACTOR
 from align.config.spec import KINDS, EvalStage, PPOStage, RewardedStage, StageBase, TrainingStage
 from align.models.memory import FrozenModel
 from align.pipeline.trl_args import trl_setting
+from align.planning.services import Service
 
 REFERENCE_NONE = "none"
 REFERENCE_ADAPTERS_DISABLED = "adapters-disabled"
 REFERENCE_COPY = "frozen-copy"
 REFERENCE_PRECOMPUTED = "precomputed"
+REFERENCE_ACTOR = "actor"  # a frozen copy in a Ray actor of its own, called by the ranks
 
 REWARD_MODELS_NONE = "none"  # no `model:` among the rewards: functions cost no model memory
 REWARD_MODELS_REPLICATED = "replicated"
@@ -41,8 +44,10 @@ class Placement:
     """For each model role, how it is held: runners act on the fields, people read `description`.
 
     reference: REFERENCE_*, the DPO reference or the KL reference of PPO/GRPO/RLOO.
-    reward_models: REWARD_MODELS_*, how every `rewards[i].model` is held, each frozen.
+    reward_models: REWARD_MODELS_*, how every `rewards[i].model` on the ranks is held, each frozen.
     value: VALUE_*, the PPO critic (`value:` of the stage).
+    actor_rewards: the indices in `rewards:` of the reward models in Ray actors of their own.
+    services: each frozen model in an actor of its own, with what it asks Ray for (filled in by the plan).
     """
 
     policy: str
@@ -50,6 +55,8 @@ class Placement:
     description: dict[str, str]
     reward_models: str = REWARD_MODELS_NONE
     value: str = VALUE_NONE
+    actor_rewards: tuple[int, ...] = ()
+    services: tuple[Service, ...] = ()
 
 
 def frozen_held(backend: Backend) -> str:
@@ -84,18 +91,21 @@ def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False)
     policy = policy_placement(backend, lora, lora and stage.lora.load_in_4bit)
     description = {"policy": policy}
     reference = REFERENCE_NONE
-    if uses_reference(stage):
+    if uses_reference(stage) and stage.reference is not None and stage.reference.as_actor:
+        reference, description["reference"] = REFERENCE_ACTOR, "frozen copy in a Ray actor of its own"
+    elif uses_reference(stage):
         reference, description["reference"] = reference_placement(
             backend, lora, precompute and KINDS[stage.kind].data != "prompts"
         )
-    reward_models = REWARD_MODELS_NONE
+    reward_models, actors = REWARD_MODELS_NONE, ()
     if isinstance(stage, RewardedStage):
         reward_models, description["rewards"] = reward_placement(stage, backend)
+        actors = tuple(index for index, reward in enumerate(stage.rewards) if reward.placement == ACTOR)
     value = VALUE_NONE
     if isinstance(stage, PPOStage):
         value = stage.value
         description["value"] = VALUE_DESCRIPTIONS[value]
-    return Placement(policy, reference, description, reward_models, value)
+    return Placement(policy, reference, description, reward_models, value, actors)
 
 
 def uses_reference(stage: StageBase) -> bool:
@@ -120,12 +130,13 @@ def reward_placement(stage: RewardedStage, backend: Backend) -> tuple[str, str]:
     placed_with_policy = stage.kind == "ppo"
     held = frozen_held(backend) if placed_with_policy else REPLICATED
     words = [
-        f"rewards[{index}] {reward.model}: frozen reward model, {held}"
+        f"rewards[{index}] {reward.model}: frozen reward model, "
+        + ("in a Ray actor of its own" if reward.placement == ACTOR else held)
         if reward.model is not None
         else f"rewards[{index}] {reward.function}: a function (no model memory)"
         for index, reward in enumerate(stage.rewards)
     ]
-    if all(reward.model is None for reward in stage.rewards):
+    if all(reward.model is None or reward.placement == ACTOR for reward in stage.rewards):
         return REWARD_MODELS_NONE, "; ".join(words)
     sharded = placed_with_policy and backend.frozen_sharded
     return (REWARD_MODELS_SHARDED if sharded else REWARD_MODELS_REPLICATED), "; ".join(words)
@@ -137,11 +148,17 @@ def frozen_models(
     """The frozen models the memory plan must count for this placement, each held with the policy.
 
     param_count: the policy's, which a reference copy shares. reward_params: each reward model's
-    parameter count by its index in `rewards:`.
+    parameter count by its index in `rewards:`. A model in an actor of its own is not on the ranks.
     """
     copy = placement.reference == REFERENCE_COPY
     reference = (FrozenModel("reference", param_count, dtype),) if copy else ()
     held = "sharded" if placement.reward_models == REWARD_MODELS_SHARDED else "replicated"
-    counts = (reward_params or {}).items()
+    counts = [(i, n) for i, n in (reward_params or {}).items() if i not in placement.actor_rewards]
     rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype, placement=held) for i, count in counts)
     return reference + rewards
+
+
+def with_services(placement: Placement, services: tuple[Service, ...]) -> Placement:
+    """The placement with its actor-placed models, each with a line of its own for `align plan`."""
+    lines = {f"{each.role} service": each.describe() for each in services}
+    return replace(placement, services=services, description={**placement.description, **lines})

@@ -24,8 +24,16 @@ from align.models.precision import PURE, compute_dtype, precision_problems, reso
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
-from align.planning.placement import VALUE_ADAPTER, VALUE_NONE, Placement, frozen_models, plan_placement
+from align.planning.placement import (
+    VALUE_ADAPTER,
+    VALUE_NONE,
+    Placement,
+    frozen_models,
+    plan_placement,
+    with_services,
+)
 from align.planning.resources import Request, stage_request
+from align.planning.services import stage_services
 
 PROMPT_TOKENS = 512
 """The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
@@ -309,6 +317,9 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         lean_table = table(lean)
         if lean_table[option].total <= hardware.device_memory * USABLE_FRACTION:
             placement, by_backend = lean, lean_table  # the copy is what does not fit: precompute instead
+    policy_params = arch.param_count() if arch else 0
+    services = stage_services(stage, hardware.accelerator, policy_params, rewards, compute_dtype(precision))
+    placement = with_services(placement, services)
     return StagePlan(
         name=name,
         kind=stage.kind,

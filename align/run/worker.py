@@ -76,7 +76,8 @@ def run_stage(config: dict[str, Any], rank: int, output_dir: Path) -> None:
     quiet_libraries()
     plan = config["plan"]
     resume = Path(config["resume"]) if config.get("resume") else None
-    context = StageContext(plan=plan, output_dir=output_dir, rank=rank, resume_from=resume)
+    services = config.get("services") or {}
+    context = StageContext(plan=plan, output_dir=output_dir, rank=rank, resume_from=resume, services=services)
     try:
         result = run_seeded(context)
     except AlignError as err:  # a user error found late: the driver reports it plainly

@@ -39,6 +39,9 @@ class StageContext:
     rank: int = 0
     backend: Backend | None = None  # the plan's, unless a caller wraps it (bench/probe.py measures it)
     resume_from: Path | None = None  # a complete checkpoint of an earlier attempt, chosen by the driver
+    services: dict[str, Any] = field(default_factory=dict)
+    """A client per frozen model the plan places in an actor of its own, by role (`rewards[0]`,
+    `reference`): align/stages/services.py says what each answers."""
 
     def __post_init__(self) -> None:
         if self.backend is None:

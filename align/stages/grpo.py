@@ -12,6 +12,7 @@ from align.stages.context import StageContext, StageResult, merged_input
 from align.stages.preamble import preamble
 from align.stages.rl import held_out_rewards, stage_rewards
 from align.stages.rollout_clock import RolloutClock
+from align.stages.services import Waited, remote_rewards
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
@@ -33,7 +34,8 @@ def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with the stage's rewards, measure again, and save the policy."""
     import trl
 
-    rewards = stage_rewards(ctx)
+    waited = Waited()  # on reward models in actors of their own, within the rollout's time
+    rewards = stage_rewards(ctx, remote_rewards(ctx, waited))
     start = preamble(ctx, {"reward_weights": rewards.weights}, padding_side="left")
     config, tokenizer = start.config, start.tokenizer
     with policy_input(ctx, config.beta) as policy_ctx:
@@ -47,9 +49,9 @@ def run(ctx: StageContext) -> StageResult:
     clock = RolloutClock(trainer)
 
     def mean_rewards(phase: str) -> dict[str, float]:
-        return suffixed(
-            held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed), phase
-        )
+        with waited.paused():
+            measured = held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed)
+        return suffixed(measured, phase)
 
     measure = mean_rewards if held_out is not None else no_measure
     training = Training(
@@ -59,6 +61,6 @@ def run(ctx: StageContext) -> StageResult:
         held_out=measure,
         curves=(("reward", "reward"),),
         sample_prompts=start.sample_prompts(),
-        run_metrics=clock.split,
+        run_metrics=lambda: {**clock.split(), **waited.split()},
     )
     return train_stage(ctx, training)

@@ -2,8 +2,9 @@
 stage's rewards and the critic, each placed as the plan says.
 
 - reference: with LoRA the policy's base with its adapters disabled; else a frozen copy the backend places
-  (replicated, or sharded under fsdp);
-- reward models: frozen, loaded the way the backend places the policy; rule functions run on each rank;
+  (replicated, or sharded under fsdp), or one in a Ray actor of its own (`reference: {placement: actor}`);
+- reward models: frozen, loaded the way the backend places the policy, or each in a Ray actor of its own
+  (`placement: actor`, the ranks wait on it: `time_service_wait_s`); rule functions run on each rank;
 - critic: `value: head` puts a value head on the policy's trunk, `value: adapter` gives it its own LoRA
   adapter on the same base (and a head).
 Before and after training the policy samples held-out prompts with a fixed seed and the same rewards score
@@ -17,9 +18,10 @@ from typing import Any
 import torch
 
 from align.planning.placement import VALUE_ADAPTER
-from align.stages.context import StageContext, StageResult, frozen_reference, on_training_device
+from align.stages.context import StageContext, StageResult, on_training_device
 from align.stages.preamble import Preamble, preamble
 from align.stages.rl import Rewards, held_out_rewards, stage_rewards
+from align.stages.services import Waited, ppo_reference, remote_rewards
 from align.stages.training import Training, no_measure, suffixed, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
@@ -55,7 +57,8 @@ def run(ctx: StageContext) -> StageResult:
     """Measure held-out reward, train with PPO, measure again, and save the policy (and its critic)."""
     start = preamble(ctx, padding_side="left")
     config, tokenizer = start.config, start.tokenizer
-    rewards = stage_rewards(ctx)
+    waited = Waited()
+    rewards = stage_rewards(ctx, remote_rewards(ctx, waited))
     for source in rewards.sources:  # align's own trainer: nobody else moves its reward models
         if isinstance(source, torch.nn.Module):
             on_training_device(ctx, source)
@@ -64,7 +67,7 @@ def run(ctx: StageContext) -> StageResult:
     model = PolicyAndValue(policy, value_adapter=ctx.plan.placement.value == VALUE_ADAPTER)
     trainer = PPOTrainer(
         model=model,
-        ref_model=frozen_reference(ctx),
+        ref_model=ppo_reference(ctx, waited),
         rewards=reward_function(rewards),
         args=config,
         train_dataset=start.train,
@@ -74,7 +77,9 @@ def run(ctx: StageContext) -> StageResult:
     held_out = start.evaluation
 
     def mean_rewards(phase: str) -> dict[str, float]:
-        return suffixed(held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed), phase)
+        with waited.paused():
+            measured = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
+        return suffixed(measured, phase)
 
     curves = (("reward", "reward"), ("objective/kl", "kl"))
     measure = mean_rewards if held_out is not None else no_measure
@@ -87,6 +92,6 @@ def run(ctx: StageContext) -> StageResult:
         model=model,
         sample_prompts=start.sample_prompts(),
         sampler=policy,
-        run_metrics=trainer.time_split,
+        run_metrics=lambda: {**trainer.time_split(), **waited.split()},
     )
     return train_stage(ctx, training)

@@ -9,6 +9,7 @@ fixed seed and the same rewards score them: the mean is the number RL is meant t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,19 +42,22 @@ def reward_model_problem(folder: str, remote_code: bool = False) -> str | None:
     )
 
 
-def frozen_reward_model(ctx: StageContext, folder: str, where: str, *, placed: bool) -> tuple[Any, Any]:
+def frozen_reward_model(
+    ctx: StageContext, folder: str, where: str, *, placed: bool, **load: Any
+) -> tuple[Any, Any]:
     """A frozen reward model (the folder the controller resolved) and its tokenizer, refused with a clear
     message when it is not one.
 
     `placed`: loaded the way the backend places the policy (sharded under fsdp), as align's own PPO
-    places it; TRL's trainers place the reward models they are given themselves.
+    places it; TRL's trainers place the reward models they are given themselves. `load`: further
+    `from_pretrained` arguments (a service's `device_map`).
     """
     from transformers import AutoModelForSequenceClassification
 
     remote_code = ctx.plan.remote_code
     if (problem := reward_model_problem(folder, remote_code)) is not None:
         raise ModelError(f"{where}.model: {problem}")
-    kwargs = {"dtype": ctx.dtype, **(ctx.backend.model_kwargs(ctx.plan) if placed else {})}
+    kwargs = {"dtype": ctx.dtype, **(ctx.backend.model_kwargs(ctx.plan) if placed else {}), **load}
     model = load_pretrained(
         AutoModelForSequenceClassification, folder, trust_remote_code=remote_code, **kwargs
     )
@@ -91,8 +95,9 @@ class Rewards:
         return [sum(w * v for w, v in zip(self.weights, row, strict=True)) for row in columns]
 
 
-def stage_rewards(ctx: StageContext) -> Rewards:
-    """The stage's `rewards:` ready to score, any reward model held as the stage's placement says."""
+def stage_rewards(ctx: StageContext, remote: dict[int, Callable[..., list[float]]] | None = None) -> Rewards:
+    """The stage's `rewards:` ready to score, any reward model held as the stage's placement says: on this
+    rank, or in an actor of its own, called through `remote[index]` (align/stages/services.py)."""
     placed = ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED
     sources, tokenizers, names = [], [], []
     for index, spec in enumerate(ctx.plan.stage.rewards):
@@ -101,6 +106,10 @@ def stage_rewards(ctx: StageContext) -> Rewards:
             sources.append(guarded_function(spec.function, spec.args, where))
             tokenizers.append(None)
             name = spec.function.rsplit(".", 1)[-1]
+        elif remote and index in remote:
+            sources.append(remote[index])
+            tokenizers.append(None)
+            name = "model"
         else:
             folder = ctx.plan.inputs.reward_models[index]
             model, tokenizer = frozen_reward_model(ctx, folder, where, placed=placed)

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from align.trainers.ppo_math import token_log_probs
+
 VALUE_ADAPTER = "value"
 
 
@@ -26,6 +28,15 @@ def causal_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
         use_cache=False,
         **kwargs,
     )
+
+
+def completion_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int, temperature: float
+) -> torch.Tensor:
+    """log p of each completion token (from `prompt_length` on) under `model`, its logits scaled as when
+    sampling: what PPO's reference gives, wherever that reference runs."""
+    logits = causal_logits(model, input_ids, attention_mask).logits[:, prompt_length - 1 : -1]
+    return token_log_probs(logits, input_ids[:, prompt_length:], temperature)
 
 
 @contextmanager

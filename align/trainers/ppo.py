@@ -39,7 +39,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from align.trainers import ppo_checkpoint
-from align.trainers.policy_value import PolicyAndValue, causal_logits
+from align.trainers.policy_value import PolicyAndValue, completion_log_probs
 from align.trainers.ppo_config import PPOConfig
 from align.trainers.ppo_math import (
     adaptive_kl_coef,
@@ -53,6 +53,9 @@ from align.trainers.sampling import decode, generate, synced_clock, time_split
 
 # rewards(prompts, completions, columns) -> (weighted score per completion, each reward's values)
 RewardFn = Callable[[list[Any], list[Any], dict[str, list[Any]]], tuple[list[float], dict[str, list[float]]]]
+# a reference run elsewhere (a Ray actor): (input_ids, attention_mask, prompt_length, temperature) -> the
+# log-probs of the completion tokens, as `score_tokens` computes them from a local reference
+ReferenceFn = Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
 class RolloutSampler(Sampler[list[int]]):
@@ -111,7 +114,7 @@ class PPOTrainer(Trainer):
         self,
         *,
         model: PolicyAndValue,
-        ref_model: nn.Module | None,
+        ref_model: nn.Module | ReferenceFn | None,
         rewards: RewardFn,
         args: PPOConfig,
         train_dataset: Any,
@@ -236,14 +239,22 @@ class PPOTrainer(Trainer):
             ids, mask = input_ids[rows], attention_mask[rows]
             tokens = ids[:, prompt_length:]
             logits, values = wrapper(ids, mask)
-            with wrapper.reference() if self.ref_model is None else nullcontext():
-                reference = wrapper.policy if self.ref_model is None else self.ref_model
-                ref_logits = causal_logits(reference, ids, mask).logits
             span = slice(prompt_length - 1, -1)  # the logits at t predict the token at t + 1
             found["policy"].append(token_log_probs(logits[:, span], tokens, self.args.temperature))
             found["values"].append(values[:, span].float())
-            found["reference"].append(token_log_probs(ref_logits[:, span], tokens, self.args.temperature))
+            found["reference"].append(self.reference_log_probs(wrapper, ids, mask, prompt_length))
         return tuple(torch.cat(found[key]) for key in ("policy", "values", "reference"))
+
+    def reference_log_probs(
+        self, wrapper: PolicyAndValue, ids: torch.Tensor, mask: torch.Tensor, prompt_length: int
+    ) -> torch.Tensor:
+        """The reference's log-probs of the completion tokens: the policy with its adapters disabled, a
+        frozen copy, or a `ReferenceFn` that runs the same forward elsewhere."""
+        if self.ref_model is not None and not isinstance(self.ref_model, nn.Module):
+            return self.ref_model(ids, mask, prompt_length, self.args.temperature)
+        with wrapper.reference() if self.ref_model is None else nullcontext():
+            reference = wrapper.policy if self.ref_model is None else self.ref_model
+            return completion_log_probs(reference, ids, mask, prompt_length, self.args.temperature)
 
     def record_rollout(
         self,

@@ -1,0 +1,84 @@
+"""Frozen models placed in Ray actors of their own (`placement: actor`): what each asks Ray for, and what
+its weights take on its own device. The plan counts them here, not in the training ranks' memory table;
+align/run/services.py starts them and the stage runners call them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from align.config.placement import ACTOR, ServiceResources
+from align.config.spec import RewardedStage, StageBase, TrainingStage
+from align.models.memory import DTYPE_BYTES, format_bytes
+
+REFERENCE_ROLE = "reference"
+
+
+def reward_role(index: int) -> str:
+    """The key of a reward model's service: its YAML path under the stage, as the plan prints it."""
+    return f"rewards[{index}]"
+
+
+@dataclass(frozen=True)
+class Service:
+    """One frozen model in a Ray actor of its own, called by every training rank of its stage.
+
+    role: `rewards[i]` (a reward model, loaded from `inputs.reward_models[i]`) or `reference` (the stage's
+    input model, frozen). cpus None: 0 on an embedded Ray (the ranks share every core already), 1 on a
+    cluster. weight_bytes: its weights in `dtype`, on its own device.
+    """
+
+    role: str
+    cpus: float | None
+    gpus: float
+    wait_s: float
+    weight_bytes: int
+    dtype: str
+
+    @property
+    def is_reward(self) -> bool:
+        return self.role != REFERENCE_ROLE
+
+    @property
+    def index(self) -> int:
+        """A reward model's index in `rewards:`."""
+        return int(self.role.removeprefix("rewards[").removesuffix("]"))
+
+    def num_cpus(self, embedded: bool) -> float:
+        return self.cpus if self.cpus is not None else (0.0 if embedded else 1.0)
+
+    def describe(self) -> str:
+        cpus = f"{self.cpus:g}" if self.cpus is not None else "0 embedded, 1 on a cluster"
+        gpus = f", GPU: {self.gpus:g}" if self.gpus else ""
+        weights = (
+            f"{format_bytes(self.weight_bytes)} of {self.dtype} weights"
+            if self.weight_bytes
+            else "its weights"
+        )
+        if self.gpus > 1:
+            each = format_bytes(int(self.weight_bytes / self.gpus))
+            where = f"over {self.gpus:g} GPUs of its own ({each} each)"
+        else:
+            where = "on a GPU of its own" if self.gpus else "in its own process"
+        return f"a Ray actor {{CPU: {cpus}{gpus}}}; {weights} {where}, in no rank's memory below"
+
+
+def stage_services(
+    stage: StageBase, accelerator: bool, policy_params: int, reward_params: dict[int, int], dtype: str
+) -> tuple[Service, ...]:
+    """Every frozen model of `stage` placed in an actor of its own; a reference copy has the policy's size."""
+    width = DTYPE_BYTES[dtype]
+    found = []
+    reference = stage.reference if isinstance(stage, TrainingStage) else None
+    if reference is not None and reference.as_actor:
+        found.append(service(REFERENCE_ROLE, reference.resources, accelerator, policy_params * width, dtype))
+    for index, reward in enumerate(stage.rewards if isinstance(stage, RewardedStage) else []):
+        if reward.placement == ACTOR:
+            size = reward_params.get(index, 0) * width
+            resources = reward.resources or ServiceResources()
+            found.append(service(reward_role(index), resources, accelerator, size, dtype))
+    return tuple(found)
+
+
+def service(role: str, asked: ServiceResources, accelerator: bool, size: int, dtype: str) -> Service:
+    gpus = asked.gpus if asked.gpus is not None else (1.0 if accelerator else 0.0)
+    return Service(role, asked.cpus, gpus, asked.wait_s, size, dtype)

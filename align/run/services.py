@@ -1,0 +1,132 @@
+"""Frozen models in Ray actors of their own (`placement: actor`): started for a stage before its ranks run,
+each with its own resources, ready (its model loaded) before they start, and killed when the stage's
+attempt ends, also on an error or an interrupt.
+
+An actor holds what align/stages/services.py builds for its role. The ranks reach it through a client, a
+plain picklable object sent in the stage's config, whose methods wait on Ray here: stage code calls a
+method and never imports Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from align.errors import AlignError
+from align.planning.plan import StagePlan
+from align.planning.services import Service
+from align.run import stop
+from align.run.launch import first_line, worker_env
+from align.run.reservation import largest_node, shown
+
+
+class ServiceActor:
+    """One frozen model and the methods the ranks call on it (run as a Ray actor, one call at a time)."""
+
+    def __init__(self, plan: StagePlan, service: Service, env: dict[str, str], threads: int) -> None:
+        os.environ.update(env)
+        sys.path[:0] = [folder for folder in env.get("PYTHONPATH", "").split(os.pathsep) if folder]
+        import torch
+
+        from align.stages.services import start_service
+
+        torch.set_num_threads(threads)
+        on_gpu = service.gpus > 0 and torch.cuda.is_available()
+        self.held = start_service(plan, service, torch.device("cuda" if on_gpu else "cpu"))
+
+    def ready(self) -> bool:
+        return True
+
+    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
+        return self.held.score(prompts, completions)
+
+    def log_probs(self, input_ids: Any, attention_mask: Any, prompt_length: int, temperature: float) -> Any:
+        return self.held.log_probs(input_ids, attention_mask, prompt_length, temperature)
+
+
+@dataclass(frozen=True)
+class ServiceClient:
+    """What a rank holds for one service: each method is one round trip to the actor."""
+
+    role: str
+    handle: Any
+
+    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
+        import ray
+
+        return ray.get(self.handle.score.remote(prompts, completions))
+
+    def log_probs(self, input_ids: Any, attention_mask: Any, prompt_length: int, temperature: float) -> Any:
+        import ray
+
+        return ray.get(self.handle.log_probs.remote(input_ids, attention_mask, prompt_length, temperature))
+
+
+def asked(service: Service, embedded: bool) -> dict[str, float]:
+    """The actor's Ray resources: on an embedded Ray no CPU by default (the ranks hold every core)."""
+    return {"CPU": service.num_cpus(embedded), "GPU": service.gpus}
+
+
+@contextmanager
+def stage_services(
+    stage: StagePlan, embedded: bool, say: Callable[[str], None]
+) -> Iterator[dict[str, ServiceClient]]:
+    """A client per service the plan places for `stage`, by role, once every actor has loaded its model;
+    the actors are killed on the way out, however the stage ended."""
+    services = stage.placement.services
+    if not services:
+        yield {}
+        return
+    import ray
+
+    remote = ray.remote(max_restarts=0)(ServiceActor)
+    env = worker_env([])
+    handles = {}
+    try:
+        for service in services:
+            resources = asked(service, embedded)
+            threads = max(1, int(resources["CPU"]))
+            options = {"num_cpus": resources["CPU"], "num_gpus": resources["GPU"]}
+            handles[service.role] = remote.options(**options).remote(stage, service, env, threads)
+        wait_ready(stage, handles, embedded, say)
+        yield {role: ServiceClient(role, handle) for role, handle in handles.items()}
+    finally:
+        for handle in handles.values():
+            ray.kill(handle, no_restart=True)
+
+
+def wait_ready(stage: StagePlan, handles: dict[str, Any], embedded: bool, say: Callable[[str], None]) -> None:
+    """Wait for each actor to start and load its model, at most its `wait_s`: Ray leaves an actor that no
+    node can hold pending forever, with no word (ray#27287), so the wait ends in one line naming it."""
+    import ray
+
+    by_role = {service.role: service for service in stage.placement.services}
+    pending = {handles[role].ready.remote(): role for role in handles}
+    started = time.monotonic()
+    while pending:
+        stop.check()
+        done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=1.0)
+        for ref in done:
+            role = pending.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                cause = getattr(err, "cause", None) or err
+                raise AlignError(
+                    f"stage '{stage.name}': the {role} service failed to start: {first_line(cause)}"
+                ) from None
+            say(f"[{stage.name}] {role}: in a Ray actor of its own, {shown(asked(by_role[role], embedded))}")
+        late = [role for role in pending.values() if time.monotonic() - started > by_role[role].wait_s]
+        if late:
+            service = by_role[late[0]]
+            raise AlignError(
+                f"stage '{stage.name}': Ray could not start the {service.role} service "
+                f"({shown(asked(service, embedded))}) in {service.wait_s:g} s; the largest node has "
+                f"{shown(largest_node())}: lower `stages.{stage.name}.{service.role}.resources` or add "
+                "nodes; check `ray status`"
+            )

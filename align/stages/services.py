@@ -1,0 +1,153 @@
+"""The stage side of frozen models placed in Ray actors of their own (`placement: actor`).
+
+What such an actor holds and computes (a reward model's scores, a reference's per-token log-probs) is
+built here from the plan exactly as the co-located path builds it (same loader, dtype and forward), so the
+numbers match. A runner gets, for each service the plan places, a client in `StageContext.services`: any
+object with the service's method (`score`, `log_probs`); align/run/services.py makes them, and Ray stays
+there. `Waited` counts the seconds the ranks spend waiting on them, for the record's time split.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from align.backends import BACKENDS
+from align.errors import AlignError
+from align.planning.placement import REFERENCE_ACTOR
+from align.planning.plan import StagePlan
+from align.planning.services import REFERENCE_ROLE, Service, reward_role
+from align.stages.context import StageContext, frozen_reference, load_stage_model
+from align.stages.rl import frozen_reward_model, model_scores
+from align.trainers.policy_value import completion_log_probs
+
+
+def service_context(plan: StagePlan) -> StageContext:
+    """A context for loading a service's model whole in one process: the ddp backend neither shards nor
+    wraps, whatever the ranks run under; nothing is written."""
+    return StageContext(plan=plan, output_dir=Path(tempfile.gettempdir()), backend=BACKENDS["ddp"])
+
+
+def spread_over_gpus(device: torch.device) -> dict[str, str]:
+    """An actor given several GPUs (`resources: {gpus: 2}`) spreads its model's layers over them."""
+    return {"device_map": "auto"} if device.type == "cuda" and torch.cuda.device_count() > 1 else {}
+
+
+class RewardModelService:
+    """`rewards[i].model` whole on the actor's device: scores of (prompt, completion) texts, as a rank
+    scores them with its own copy (align/stages/rl.py `model_scores`)."""
+
+    def __init__(self, plan: StagePlan, index: int, device: torch.device) -> None:
+        where, spread = f"{plan.where}.rewards[{index}]", spread_over_gpus(device)
+        model, self.tokenizer = frozen_reward_model(
+            service_context(plan), plan.inputs.reward_models[index], where, placed=False, **spread
+        )
+        self.model = model if spread else model.to(device)
+
+    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
+        return model_scores(self.model, self.tokenizer, prompts, completions)
+
+
+class ReferenceService:
+    """The stage's input model, frozen, whole on the actor's device: PPO's reference log-probs."""
+
+    def __init__(self, plan: StagePlan, device: torch.device) -> None:
+        model = load_stage_model(service_context(plan), frozen=True)
+        self.model, self.device = model.requires_grad_(False).eval().to(device), device
+
+    @torch.no_grad()
+    def log_probs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int, temperature: float
+    ) -> torch.Tensor:
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        return completion_log_probs(self.model, ids, mask, prompt_length, temperature).cpu()
+
+
+def start_service(plan: StagePlan, service: Service, device: torch.device) -> Any:
+    """What the actor for `service` holds (run inside it)."""
+    if service.role == REFERENCE_ROLE:
+        return ReferenceService(plan, device)
+    return RewardModelService(plan, service.index, device)
+
+
+@dataclass
+class Waited:
+    """Seconds the ranks spent waiting on their services (each remote round trip) while training; the
+    held-out measurements before and after are `paused` out of it."""
+
+    seconds: float = 0.0
+    counting: bool = True
+
+    def timed(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if self.counting:
+                    self.seconds += time.perf_counter() - started
+
+        return run
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.counting = False
+        try:
+            yield
+        finally:
+            self.counting = True
+
+    def split(self) -> dict[str, float]:
+        """`time_service_wait_s`: part of `time_score_s` for PPO, of the rollout for GRPO/RLOO."""
+        return {"time_service_wait_s": self.seconds}
+
+
+def client(ctx: StageContext, role: str) -> Any:
+    """This rank's client of the service `role`, which the driver starts for every stage it launches."""
+    if role not in ctx.services:
+        raise AlignError(
+            f"{ctx.plan.where}: the plan places {role} in a Ray actor of its own, and none was started for "
+            "this run: run it with `align run`, or place it `with_policy`"
+        )
+    return ctx.services[role]
+
+
+def remote_rewards(ctx: StageContext, waited: Waited) -> dict[int, Callable[..., list[float]]]:
+    """Each reward model the plan places in an actor, as a reward function by its index in `rewards:`."""
+    return {i: remote_reward(client(ctx, reward_role(i)), waited) for i in ctx.plan.placement.actor_rewards}
+
+
+def remote_reward(service: Any, waited: Waited) -> Callable[..., list[float]]:
+    """A reward model in its own actor as a reward function (TRL's shape: keyword arguments, one float per
+    completion): rule functions and remote models then score alike, on every rank."""
+
+    def model(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+        return waited.timed(service.score)(prompts, completions)
+
+    return model  # TRL logs each reward under its function's name: `model`
+
+
+def ppo_reference(ctx: StageContext, waited: Waited) -> Any:
+    """PPO's reference as the plan places it: in an actor of its own, a frozen copy here, or None (LoRA:
+    the policy with its adapters disabled)."""
+    if ctx.plan.placement.reference == REFERENCE_ACTOR:
+        return remote_reference(client(ctx, REFERENCE_ROLE), waited)
+    return frozen_reference(ctx)
+
+
+def remote_reference(service: Any, waited: Waited) -> Callable[..., torch.Tensor]:
+    """PPO's reference in its own actor (align/trainers/ppo.py `ReferenceFn`): token batches go to it on the
+    CPU, its log-probs come back to the rank's device."""
+
+    def log_probs(ids: torch.Tensor, mask: torch.Tensor, prompt_length: int, temperature: float):
+        found = waited.timed(service.log_probs)(ids.cpu(), mask.cpu(), prompt_length, temperature)
+        return found.to(ids.device)
+
+    return log_probs
