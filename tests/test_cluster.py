@@ -4,8 +4,9 @@ bundle per rank all at once: a 2-rank stage spreads over both nodes, a 1-rank st
 asked for the cluster's total and waited forever), a request no node holds fails within its `wait_s`,
 SIGTERM stops a run as Ctrl-C does (in the reservation's wait and mid-stage), a run with no `--address`
 joins the head running on this machine (and a stale pointer to a killed head is named, an embedded Ray
-used), and a node lost mid-stage is retried from its checkpoint on the nodes left when they hold the
-stage, and ends the stage in one line when they cannot. `make test-cluster`."""
+used), two stages of one parent run at once, one on each node, and a node lost mid-stage is retried
+from its checkpoint on the nodes left when they hold the stage, and ends the stage in one line when they
+cannot. `make test-cluster`."""
 
 from __future__ import annotations
 
@@ -214,6 +215,23 @@ def test_two_ranks_spread_then_one_rank_then_two_again(cluster, tmp_path):
     assert "ranks on 2 nodes" in [line for line in status.splitlines() if line.strip().startswith("sft")][0]
     ranks = stage_record(path, "sft")["ranks"]
     assert [rank["local_rank"] for rank in ranks] == [0, 0] and all(rank["node_ip"] for rank in ranks)
+
+
+def test_two_stages_of_one_parent_run_at_once_one_on_each_node(cluster, tmp_path):
+    """One CPU a node: the children, ready together, reserve one node each and overlap in time."""
+    address, env, _ = cluster
+    child = {"steps": 4, "batch": 2, "data": DATA, "model": "${stages.sft.output}"}
+    stages = {
+        "sft": stage("sft", steps=2, batch=2, data=DATA, lora={"r": 4}),
+        "left": stage("sft", **child, lora={"r": 4}),
+        "right": stage("sft", **child, lora={"r": 8}),
+    }
+    path = write_pipeline(tmp_path, "fork", stages, precision="fp32", seed=0)
+    done = align("run", str(path), "--address", address, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left, right = stage_record(path, "left"), stage_record(path, "right")
+    assert left["started"] < right["ended"] and right["started"] < left["ended"]
+    assert len({*nodes_of(path, "left"), *nodes_of(path, "right")}) == 2  # a node each
 
 
 def test_a_request_no_node_holds_fails_within_its_wait(cluster, tmp_path):
