@@ -1,10 +1,15 @@
 """Reward models and a reference in Ray actors of their own (`placement: actor`, issue 20 part 2).
 
 Unit tests: what validate refuses, and how the plan counts a service (on its own device, out of every
-rank's memory table). The integration run is one pipeline of two PPO stages on the tiny model, the same
-seed and a random-init one-label reward model: `colocated` holds the reward model and the reference copy
-on its rank, `actor` places both in actors of their own. Their rollouts, losses and held-out rewards must
-agree within TOLERANCE, and the actor run records the seconds its rank waited on the services.
+rank's memory table). The integration run (about 3 minutes on 2 cores) is one pipeline of pairs of stages
+on the tiny model with the same seed, each pair alike but for where its frozen models run:
+- PPO against a random-init one-label reward model: `colocated` holds it and the reference copy on its
+  rank, `actor` places both in actors of their own;
+- DPO with full parameters: a reference copy on the rank against one in an actor that precomputes every
+  pair's log-probs;
+- GRPO with the reward model held by TRL on the rank against one in an actor.
+Logged rollouts, losses and held-out rewards agree within TOLERANCE, and each actor run records the
+seconds its rank waited on the services.
 """
 
 from __future__ import annotations
@@ -17,14 +22,20 @@ import torch
 import yaml
 
 from align.cli import main
-from tests.pipelines import QUIET_TRL, run, stage_folder, stage_record
+from tests.pipelines import QUIET_TRL, run, stage, stage_folder, stage_record
 
 ROOT = Path(__file__).parents[1]
 TOY = "align:toy/number-or-word"
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-"""Actor against co-located scoring on CPU in fp32: the same model, forward and batches in another
-process. Measured bit-equal here; the tolerance leaves room for another thread count's summation order."""
-COMPARED = ("loss", "objective/scores", "objective/kl", "loss/policy_avg", "loss/value_avg", "rewards/model")
+"""Actor against co-located on CPU in fp32: the same model and forward in another process. PPO and DPO
+measured bit-equal here; GRPO's reward model scores each completion alone in its actor where TRL pads a
+batch (its rewards differ by about 1e-8); the tolerance also leaves room for another thread count."""
+COMPARED = {
+    "ppo": ("loss", "objective/scores", "objective/kl", "loss/policy_avg", "loss/value_avg", "rewards/model"),
+    "dpo": ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen"),
+    "grpo": ("loss", "reward", "reward_std", "rewards/rm/mean"),
+}
+PAIRS = {"ppo": ("colocated", "actor"), "dpo": ("dpo_copy", "dpo_actor"), "grpo": ("grpo_here", "grpo_actor")}
 
 
 def reward_model(folder: Path) -> Path:
@@ -61,6 +72,20 @@ def ppo_stage(scorer: Path, actor: bool) -> dict:
         "trl": trl,
     }
     return {**stage, "reference": {"placement": "actor"}} if actor else stage
+
+
+def grpo_stage(scorer: Path, actor: bool) -> dict:
+    trl = {
+        **{key: value for key, value in QUIET_TRL.items() if key != "max_length"},
+        "max_steps": 2,
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "learning_rate": 1e-3,
+    }
+    reward = {"model": str(scorer), **({"placement": "actor"} if actor else {})}
+    data = {"train": f"{TOY}/train", "eval": f"{TOY}/test", "max_eval_rows": 4}
+    return {"kind": "grpo", "data": data, "rewards": [reward, {"function": "format"}], "trl": trl}
 
 
 def write(folder: Path, stages: dict[str, dict]) -> Path:
@@ -133,9 +158,17 @@ def test_shipped_service_pipeline_validates_and_plans(capsys) -> None:
 def service_run(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("services")
     scorer = reward_model(folder)
-    path = write(folder, {"colocated": ppo_stage(scorer, False), "actor": ppo_stage(scorer, True)})
-    run(path, cwd=folder)
-    return path
+    dpo = stage("dpo", steps=3)
+    stages = {
+        "colocated": ppo_stage(scorer, False),
+        "actor": ppo_stage(scorer, True),
+        "dpo_copy": dpo,
+        "dpo_actor": {**dpo, "reference": {"placement": "actor"}},
+        "grpo_here": grpo_stage(scorer, False),
+        "grpo_actor": grpo_stage(scorer, True),
+    }
+    run(write(folder, stages), cwd=folder)
+    return folder / "svc.yaml"
 
 
 def logged(path: Path, stage: str) -> list[dict]:
@@ -145,22 +178,34 @@ def logged(path: Path, stage: str) -> list[dict]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_actor_scoring_equals_colocated_scoring(service_run) -> None:
-    near, far = logged(service_run, "colocated"), logged(service_run, "actor")
-    assert len(near) == len(far) == 3
+@pytest.mark.parametrize("kind", list(PAIRS))
+def test_actor_placement_equals_colocated(service_run, kind: str) -> None:
+    here, there = PAIRS[kind]
+    near, far = logged(service_run, here), logged(service_run, there)
+    assert len(near) == len(far) == stage_record(service_run, here)["steps_trained"]
     for mine, theirs in zip(far, near, strict=True):
-        for key in COMPARED:
+        for key in COMPARED[kind]:
             torch.testing.assert_close(mine[key], theirs[key], **TOLERANCE, msg=key)
-    assert far[-1]["objective/kl"] != 0  # the policy moved away from the remote reference
-    metrics = {stage: stage_record(service_run, stage)["metrics"] for stage in ("colocated", "actor")}
-    for key in ("reward_model_before", "reward_model_after", "reward_mean_after"):
-        torch.testing.assert_close(metrics["actor"][key], metrics["colocated"][key], **TOLERANCE, msg=key)
+    metrics = {name: stage_record(service_run, name)["metrics"] for name in (here, there)}
+    held_out = [key for key in metrics[here] if key.endswith(("_before", "_after"))]
+    assert held_out
+    for key in held_out:
+        torch.testing.assert_close(metrics[there][key], metrics[here][key], **TOLERANCE, msg=key)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_the_record_shows_the_wait_on_the_services(service_run) -> None:
-    near = stage_record(service_run, "colocated")["metrics"]
-    far = stage_record(service_run, "actor")["metrics"]
-    assert near["time_service_wait_s"] == 0.0
-    assert 0 < far["time_service_wait_s"] < far["time_score_s"]
+def test_ppo_reference_in_an_actor_gives_the_kl(service_run) -> None:
+    assert logged(service_run, "actor")[-1]["objective/kl"] != 0  # the policy moved from the reference
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(PAIRS))
+def test_the_record_shows_the_wait_on_the_services(service_run, kind: str) -> None:
+    here, there = PAIRS[kind]
+    near = stage_record(service_run, here)["metrics"]
+    far = stage_record(service_run, there)["metrics"]
+    assert near.get("time_service_wait_s", 0.0) == 0.0 and far["time_service_wait_s"] > 0
+    if kind != "dpo":  # the rollouts' scoring includes the wait; DPO's is before training
+        assert far["time_service_wait_s"] < far["time_score_s"]

@@ -48,6 +48,9 @@ class ServiceActor:
     def log_probs(self, input_ids: Any, attention_mask: Any, prompt_length: int, temperature: float) -> Any:
         return self.held.log_probs(input_ids, attention_mask, prompt_length, temperature)
 
+    def fused_log_probs(self, inputs: dict[str, Any]) -> Any:
+        return self.held.fused_log_probs(inputs)
+
 
 @dataclass(frozen=True)
 class ServiceClient:
@@ -66,10 +69,21 @@ class ServiceClient:
 
         return ray.get(self.handle.log_probs.remote(input_ids, attention_mask, prompt_length, temperature))
 
+    def fused_log_probs(self, inputs: dict[str, Any]) -> Any:
+        import ray
+
+        return ray.get(self.handle.fused_log_probs.remote(inputs))
+
 
 def asked(service: Service, embedded: bool) -> dict[str, float]:
     """The actor's Ray resources: on an embedded Ray no CPU by default (the ranks hold every core)."""
     return {"CPU": service.num_cpus(embedded), "GPU": service.gpus}
+
+
+def described(resources: dict[str, float]) -> str:
+    """`{CPU: 0}`, `{CPU: 1, GPU: 2}`: the CPUs always, even none."""
+    gpus = f", GPU: {resources['GPU']:g}" if resources["GPU"] else ""
+    return f"{{CPU: {resources['CPU']:g}{gpus}}}"
 
 
 @contextmanager
@@ -120,13 +134,14 @@ def wait_ready(stage: StagePlan, handles: dict[str, Any], embedded: bool, say: C
                 raise AlignError(
                     f"stage '{stage.name}': the {role} service failed to start: {first_line(cause)}"
                 ) from None
-            say(f"[{stage.name}] {role}: in a Ray actor of its own, {shown(asked(by_role[role], embedded))}")
+            resources = described(asked(by_role[role], embedded))
+            say(f"[{stage.name}] {role}: in a Ray actor of its own, {resources}")
         late = [role for role in pending.values() if time.monotonic() - started > by_role[role].wait_s]
         if late:
             service = by_role[late[0]]
             raise AlignError(
                 f"stage '{stage.name}': Ray could not start the {service.role} service "
-                f"({shown(asked(service, embedded))}) in {service.wait_s:g} s; the largest node has "
+                f"({described(asked(service, embedded))}) in {service.wait_s:g} s; the largest node has "
                 f"{shown(largest_node())}: lower `stages.{stage.name}.{service.role}.resources` or add "
                 "nodes; check `ray status`"
             )

@@ -3,15 +3,17 @@
 The reference model follows the plan's placement: with LoRA it is the policy's base with the
 adapters disabled (TRL does this when `ref_model` is None and the model carries adapters); for
 full parameters it is a frozen copy loaded from the input model's folder, or, when the plan finds
-that the copy does not fit, log-probs precomputed from the policy before it trains.
+that the copy does not fit, log-probs precomputed from the policy before it trains, or (`reference:
+{placement: actor}`) log-probs precomputed by a copy in a Ray actor of its own.
 """
 
 from __future__ import annotations
 
 from align.measures.heldout import preference_scores
-from align.planning.placement import REFERENCE_PRECOMPUTED
+from align.planning.placement import REFERENCE_ACTOR, REFERENCE_PRECOMPUTED
 from align.stages.context import StageContext, StageResult, frozen_reference
 from align.stages.preamble import preamble
+from align.stages.services import Waited, with_remote_reference
 from align.stages.training import Training, no_measure, suffixed, train_stage
 
 
@@ -19,13 +21,16 @@ def run(ctx: StageContext) -> StageResult:
     """Score held-out pairs, train, score them again, and save the adapter or model."""
     from trl import DPOTrainer
 
-    precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
+    in_actor = ctx.plan.placement.reference == REFERENCE_ACTOR
+    precompute = in_actor or ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
     # TRL's own DPO metrics on the held-out pairs before training come from its start-of-training evaluation
     overrides = {"precompute_ref_log_probs": True} if precompute else None
     start = preamble(ctx, overrides, padding_side="left", eval_on_start=True)
     config, tokenizer, evaluation = start.config, start.tokenizer, start.evaluation
-    # ref_model None: TRL disables the adapters, or precomputes
-    trainer = DPOTrainer(ref_model=frozen_reference(ctx), **start.trainer_kwargs())
+    waited = Waited()  # on the reference's actor, which precomputes every pair's log-probs
+    trainer_class = with_remote_reference(DPOTrainer, ctx, waited) if in_actor else DPOTrainer
+    # ref_model None: TRL disables the adapters, or precomputes (in the reference's actor, or from the policy)
+    trainer = trainer_class(ref_model=frozen_reference(ctx), **start.trainer_kwargs())
 
     def scores(phase: str) -> dict[str, float]:
         """Two judgements of the held-out pairs: the policy's own log-probs (`preference_*`), and DPO's
@@ -46,7 +51,12 @@ def run(ctx: StageContext) -> StageResult:
 
     measure = scores if evaluation is not None else no_measure
     training = Training(
-        trainer, tokenizer, start.output, held_out=measure, sample_prompts=start.sample_prompts()
+        trainer,
+        tokenizer,
+        start.output,
+        held_out=measure,
+        sample_prompts=start.sample_prompts(),
+        run_metrics=waited.split if in_actor else dict,
     )
     return train_stage(ctx, training)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -56,11 +57,22 @@ class RewardModelService:
 
 
 class ReferenceService:
-    """The stage's input model, frozen, whole on the actor's device: PPO's reference log-probs."""
+    """The stage's input model, frozen, whole on the actor's device: PPO's reference log-probs, and DPO's
+    (TRL's fused LM head, as DPOTrainer adds it to a reference copy)."""
 
     def __init__(self, plan: StagePlan, device: torch.device) -> None:
         model = load_stage_model(service_context(plan), frozen=True)
         self.model, self.device = model.requires_grad_(False).eval().to(device), device
+        if plan.kind == "dpo":
+            from trl.trainer.utils import add_fused_lm_head
+
+            add_fused_lm_head(self.model)
+
+    @torch.no_grad()
+    def fused_log_probs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token log-probs of the `labels` (-100: not scored), as TRL's DPO asks a reference for them."""
+        moved = {key: value.to(self.device) for key, value in inputs.items()}
+        return self.model(**moved, use_cache=False, fused_lm_head=True).log_probs.cpu()
 
     @torch.no_grad()
     def log_probs(
@@ -121,17 +133,24 @@ def client(ctx: StageContext, role: str) -> Any:
 
 def remote_rewards(ctx: StageContext, waited: Waited) -> dict[int, Callable[..., list[float]]]:
     """Each reward model the plan places in an actor, as a reward function by its index in `rewards:`."""
-    return {i: remote_reward(client(ctx, reward_role(i)), waited) for i in ctx.plan.placement.actor_rewards}
+    return {
+        index: remote_reward(
+            client(ctx, reward_role(index)), Path(ctx.plan.inputs.reward_models[index]).name, waited
+        )
+        for index in ctx.plan.placement.actor_rewards
+    }
 
 
-def remote_reward(service: Any, waited: Waited) -> Callable[..., list[float]]:
+def remote_reward(service: Any, name: str, waited: Waited) -> Callable[..., list[float]]:
     """A reward model in its own actor as a reward function (TRL's shape: keyword arguments, one float per
-    completion): rule functions and remote models then score alike, on every rank."""
+    completion): rule functions and remote models then score alike, on every rank. `name`: its folder's,
+    under which TRL logs a reward model it holds itself (`rewards/NAME/mean`)."""
 
-    def model(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+    def score(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         return waited.timed(service.score)(prompts, completions)
 
-    return model  # TRL logs each reward under its function's name: `model`
+    score.__name__ = name
+    return score
 
 
 def ppo_reference(ctx: StageContext, waited: Waited) -> Any:
@@ -140,6 +159,32 @@ def ppo_reference(ctx: StageContext, waited: Waited) -> Any:
     if ctx.plan.placement.reference == REFERENCE_ACTOR:
         return remote_reference(client(ctx, REFERENCE_ROLE), waited)
     return frozen_reference(ctx)
+
+
+class RemoteForward:
+    """DPO's reference in its own actor, called as TRL calls a reference copy's forward
+    (`model(**inputs, labels=labels, fused_lm_head=True).log_probs`): the tensors go to the service."""
+
+    def __init__(self, service: Any, waited: Waited) -> None:
+        self.service, self.waited = service, waited
+
+    def __call__(self, **kwargs: Any) -> SimpleNamespace:
+        tensors = {key: value for key, value in kwargs.items() if isinstance(value, torch.Tensor)}
+        found = self.waited.timed(self.service.fused_log_probs)({k: v.cpu() for k, v in tensors.items()})
+        return SimpleNamespace(log_probs=found.to(tensors["input_ids"].device))
+
+
+def with_remote_reference(trainer_class: type, ctx: StageContext, waited: Waited) -> type:
+    """DPOTrainer computing its precomputed reference log-probs (`precompute_ref_log_probs`, before
+    training, over the train and eval pairs) in the reference's own actor, with TRL's own batching,
+    masking and sums: only the forward moves, so no rank holds a reference."""
+    forward = RemoteForward(client(ctx, REFERENCE_ROLE), waited)
+
+    class ReferenceInActor(trainer_class):
+        def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
+            return super().compute_ref_log_probs(forward, inputs)
+
+    return ReferenceInActor
 
 
 def remote_reference(service: Any, waited: Waited) -> Callable[..., torch.Tensor]:
