@@ -7,7 +7,9 @@ on the tiny model with the same seed, each pair alike but for where its frozen m
   rank, `actor` places both in actors of their own;
 - DPO with full parameters: a reference copy on the rank against one in an actor that precomputes every
   pair's log-probs;
-- GRPO with the reward model held by TRL on the rank against one in an actor.
+- GRPO with the reward model held by TRL on the rank against one in an actor;
+- last, a reward model asking for a GPU this machine has not got: the stage ends after its `wait_s`, in
+  one line, and the run with it.
 Logged rollouts, losses and held-out rewards agree within TOLERANCE, and each actor run records the
 seconds its rank waited on the services.
 """
@@ -166,8 +168,11 @@ def service_run(tmp_path_factory) -> Path:
         "dpo_actor": {**dpo, "reference": {"placement": "actor"}},
         "grpo_here": grpo_stage(scorer, False),
         "grpo_actor": grpo_stage(scorer, True),
+        "unplaceable": grpo_stage(scorer, True),
     }
-    run(write(folder, stages), cwd=folder)
+    stages["unplaceable"]["rewards"][0]["resources"] = {"gpus": 1, "wait_s": 3}
+    done = run(write(folder, stages), expect=2, cwd=folder)
+    (folder / "console.txt").write_text(done.stdout + done.stderr)
     return folder / "svc.yaml"
 
 
@@ -209,3 +214,14 @@ def test_the_record_shows_the_wait_on_the_services(service_run, kind: str) -> No
     assert near.get("time_service_wait_s", 0.0) == 0.0 and far["time_service_wait_s"] > 0
     if kind != "dpo":  # the rollouts' scoring includes the wait; DPO's is before training
         assert far["time_service_wait_s"] < far["time_score_s"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_service_ray_cannot_place_ends_its_stage_in_one_line(service_run) -> None:
+    console = (service_run.parent / "console.txt").read_text()
+    assert (
+        "stage 'unplaceable': Ray could not start the rewards[0] service ({CPU: 0, GPU: 1}) in 3 s; the "
+        "largest node has {CPU: 2}: lower `stages.unplaceable.rewards[0].resources` or add nodes"
+    ) in console
+    assert not (stage_folder(service_run, "unplaceable") / "align-stage.json").exists()

@@ -3,8 +3,9 @@
 What such an actor holds and computes (a reward model's scores, a reference's per-token log-probs) is
 built here from the plan exactly as the co-located path builds it (same loader, dtype and forward), so the
 numbers match. A runner gets, for each service the plan places, a client in `StageContext.services`: any
-object with the service's method (`score`, `log_probs`); align/run/services.py makes them, and Ray stays
-there. `Waited` counts the seconds the ranks spend waiting on them, for the record's time split.
+object with the service's methods (`score`; `log_probs`, `fused_log_probs`); align/run/services.py makes
+them, and Ray stays there. `Waited` counts the seconds the ranks spend waiting on them, for the record's
+time split.
 """
 
 from __future__ import annotations
@@ -58,15 +59,15 @@ class RewardModelService:
 
 class ReferenceService:
     """The stage's input model, frozen, whole on the actor's device: PPO's reference log-probs, and DPO's
-    (TRL's fused LM head, as DPOTrainer adds it to a reference copy)."""
+    through TRL's fused LM head, which DPOTrainer adds to a reference copy (a forward without
+    `fused_lm_head=True` is the model's own)."""
 
     def __init__(self, plan: StagePlan, device: torch.device) -> None:
+        from trl.trainer.utils import add_fused_lm_head
+
         model = load_stage_model(service_context(plan), frozen=True)
         self.model, self.device = model.requires_grad_(False).eval().to(device), device
-        if plan.kind == "dpo":
-            from trl.trainer.utils import add_fused_lm_head
-
-            add_fused_lm_head(self.model)
+        add_fused_lm_head(self.model)
 
     @torch.no_grad()
     def fused_log_probs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -161,6 +162,17 @@ def ppo_reference(ctx: StageContext, waited: Waited) -> Any:
     return frozen_reference(ctx)
 
 
+def remote_reference(service: Any, waited: Waited) -> Callable[..., torch.Tensor]:
+    """PPO's reference in its own actor (align/trainers/ppo.py `ReferenceFn`): token batches go to it on the
+    CPU, its log-probs come back to the rank's device."""
+
+    def log_probs(ids: torch.Tensor, mask: torch.Tensor, prompt_length: int, temperature: float):
+        found = waited.timed(service.log_probs)(ids.cpu(), mask.cpu(), prompt_length, temperature)
+        return found.to(ids.device)
+
+    return log_probs
+
+
 class RemoteForward:
     """DPO's reference in its own actor, called as TRL calls a reference copy's forward
     (`model(**inputs, labels=labels, fused_lm_head=True).log_probs`): the tensors go to the service."""
@@ -185,14 +197,3 @@ def with_remote_reference(trainer_class: type, ctx: StageContext, waited: Waited
             return super().compute_ref_log_probs(forward, inputs)
 
     return ReferenceInActor
-
-
-def remote_reference(service: Any, waited: Waited) -> Callable[..., torch.Tensor]:
-    """PPO's reference in its own actor (align/trainers/ppo.py `ReferenceFn`): token batches go to it on the
-    CPU, its log-probs come back to the rank's device."""
-
-    def log_probs(ids: torch.Tensor, mask: torch.Tensor, prompt_length: int, temperature: float):
-        found = waited.timed(service.log_probs)(ids.cpu(), mask.cpu(), prompt_length, temperature)
-        return found.to(ids.device)
-
-    return log_probs
