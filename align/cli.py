@@ -83,6 +83,7 @@ def refuse_what_this_machine_cannot_hold(plan) -> None:
     """A run on this machine's Ray (embedded, or a head started here) whose stage asks for more than the
     machine has would wait for nothing: refused before Ray starts, each in one line."""
     from align.planning.resources import local_problems
+    from align.planning.services import local_problems as local_service_problems
 
     gpus = 0
     if plan.hardware.accelerator:
@@ -92,8 +93,11 @@ def refuse_what_this_machine_cannot_hold(plan) -> None:
     problems = [
         problem
         for name, stage in plan.stages.items()
-        for problem in local_problems(name, stage.resources, gpus)
         if stage.resources is not None
+        for problem in [
+            *local_problems(name, stage.resources, gpus),
+            *local_service_problems(name, stage.placement.services, stage.resources, gpus),
+        ]
     ]
     if problems:
         raise ConfigError(problems)

@@ -4,11 +4,14 @@ align/run/services.py starts them and the stage runners call them."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from align.config.placement import ACTOR, ServiceResources
 from align.config.spec import RewardedStage, StageBase, TrainingStage
+from align.errors import Problem
 from align.models.memory import DTYPE_BYTES, format_bytes
+from align.planning.resources import Request
 
 REFERENCE_ROLE = "reference"
 
@@ -82,3 +85,32 @@ def stage_services(
 def service(role: str, asked: ServiceResources, accelerator: bool, size: int, dtype: str) -> Service:
     gpus = asked.gpus if asked.gpus is not None else (1.0 if accelerator else 0.0)
     return Service(role, asked.cpus, gpus, asked.wait_s, size, dtype)
+
+
+def local_problems(name: str, services: tuple[Service, ...], ranks: Request, gpus_here: int) -> list[Problem]:
+    """What this machine's embedded Ray could never give a stage's services beside its ranks (they would
+    wait `wait_s` for nothing): CPUs asked beside ranks that share every core, GPUs beyond the machine's."""
+    cores = os.cpu_count() or 1
+    cpus = cores if ranks.cpus is None else ranks.cpus * ranks.workers
+    gpus = ranks.gpus * ranks.workers
+    problems = []
+    for service in services:
+        where = f"stages.{name}.{service.role}.resources"
+        cpus, gpus = cpus + service.num_cpus(embedded=True), gpus + service.gpus
+        if cpus > cores:
+            problems.append(
+                Problem(
+                    f"{where}.cpus",
+                    f"the ranks and actors ask {cpus:g} CPUs; this machine has {cores}: leave `cpus` out (an "
+                    "actor takes none of its own on an embedded Ray), or run on a cluster with --address",
+                )
+            )
+        if gpus > gpus_here:
+            problems.append(
+                Problem(
+                    f"{where}.gpus",
+                    f"the ranks and actors ask {gpus:g} GPUs; this machine has {gpus_here}: `gpus: 0` runs "
+                    "it on the CPU; or fewer workers, or a cluster with --address",
+                )
+            )
+    return problems
