@@ -25,23 +25,25 @@ FAMILIES: dict[str, dict] = {
 
 
 def build_family(family: str, folder: Path, seed: int = 0) -> Path:
-    """A saved random-init model of `family` beside the tiny model's tokenizer (and its chat template)."""
+    """A saved random-init model of `family` beside the tiny model's tokenizer (and its chat template), with
+    a row for every token that tokenizer has as the family's tokenizer class reads it (Qwen2's adds an
+    unknown token, as a real Qwen2 checkpoint has)."""
     tiny = Path(resolve_model("tiny"))
+    out = folder / family
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     special = {
-        "vocab_size": len(tokenizer),
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    config = AutoConfig.for_model(family, **FAMILIES[family], **special)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    out = folder / family
-    model.save_pretrained(out)
+    AutoConfig.for_model(family, **FAMILIES[family], **special).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         if (tiny / name).is_file():
             shutil.copy(tiny / name, out / name)
+    rows = len(AutoTokenizer.from_pretrained(out))  # the family's tokenizer class
+    config = AutoConfig.for_model(family, **FAMILIES[family], **special, vocab_size=rows)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
     return out
 
 

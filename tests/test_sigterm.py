@@ -10,6 +10,7 @@ wait is in tests/test_cluster.py (an embedded Ray refuses a request it cannot ho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -48,6 +49,15 @@ def wait_until(check, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise AssertionError(f"not reached within {timeout:.0f} s")
 
 
+def ray_started(proc: subprocess.Popen) -> bool:
+    """Ray's first process is up below the driver (not a helper the plan runs before Ray starts)."""
+    names = []
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # gone meanwhile
+            names += child.cmdline()
+    return any("gcs_server" in name or "raylet" in name for name in names)
+
+
 def stage_workers(proc: subprocess.Popen) -> bool:
     """Whether Ray has started the group's actor processes (they take a few seconds to import torch)."""
     try:
@@ -84,7 +94,7 @@ def test_sigterm_while_ray_starts(tmp_path: Path) -> None:
     path = one_sft(tmp_path, "init", steps=500)
     started = time.time()
     run = start(path)
-    wait_until(lambda: psutil.Process(run.pid).children(), run)
+    wait_until(lambda: ray_started(run), run)
     err = terminate(run)
     assert "interrupted: stopped while Ray started, before stage 'sft' (earlier stages are kept)" in err
     assert f"`align run {path}` resumes it" in err

@@ -112,6 +112,7 @@ def run_stage(
         output=output_of(result, inputs, folder),
         resumed_from=resumed_from,
         steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),
+        waited_s=result.get("waited_s", 0.0),  # for its workers' resources, held by other stages
         retries=len(attempts) - 1,
         attempts=attempts,
     )
@@ -282,8 +283,9 @@ class Schedule:
         folder = self.folders()[stage.name]
         restart = stage.name in self.restart
         record = run_stage(self.plan, stage, stamp, folder, launch, restart=restart, on_event=self.on_event)
-        seconds = record["ended"] - record["started"]
-        self.on_event(f"[{stage.name}] done in {seconds:.1f}s -> {folder}")
+        seconds, waited = record["ended"] - record["started"], record["waited_s"]
+        queued = f" ({waited:.0f}s of it waiting for resources)" if waited >= 1 else ""
+        self.on_event(f"[{stage.name}] done in {seconds:.1f}s{queued} -> {folder}")
         return Outcome(stage.name, "ran", folder, seconds, record["metrics"])
 
     def collect(self, finished: set[Future]) -> None:

@@ -5,6 +5,7 @@ that skips every stage never starts it) and stops, with the workers, before the 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,7 +57,9 @@ class RayStages:
         the output root. The embedded Ray's processes are noted under the run's lock, so that a later run
         can stop them should this driver be killed."""
         shape = GroupShape.of(stage, plan.hardware.accelerator, self.embedded)
+        asked = time.monotonic()
         group, fresh = self.workers.acquire(shape, stage.name)
+        waited = time.monotonic() - asked
         try:
             with self.noting:
                 self.lock.note_processes()
@@ -74,7 +77,7 @@ class RayStages:
                 )
         finally:
             self.workers.release(stage.name)
-        return {**result, "ranks": group.placement}
+        return {**result, "ranks": group.placement, "waited_s": waited}
 
 
 @contextmanager

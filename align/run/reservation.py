@@ -110,9 +110,12 @@ def reserve(
         while not ray.wait([group.ready()], timeout=1.0)[0]:
             stop.check()
             if held := holders():
-                if held != told:
+                if not told:  # once: the stages holding it change as they end
                     names = ", ".join(held)
-                    say(f"[{stage}] waiting for stage(s) {names} to end: they hold what it asks ({asked})")
+                    say(
+                        f"[{stage}] waiting for stage(s) {names} of this run: they hold what it asks "
+                        f"({asked})"
+                    )
                     told = held
                 started, note_at = time.monotonic(), NOTE_EVERY_S
                 continue

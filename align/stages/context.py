@@ -15,6 +15,7 @@ import torch
 from align.backends import BACKENDS, Backend
 from align.config.secrets import is_secret_name
 from align.data.loading import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
+from align.errors import StageFailed
 from align.models.architectures import LoraTargets
 from align.models.chat_templates import apply as apply_template
 from align.models.chat_templates import fit_model, template_token_ids
@@ -120,7 +121,15 @@ def load_stage_model(
     if quantize_4bit:
         kwargs["device_map"] = ctx.device_map()
     model = load_causal_lm(ctx.model_input.base, quantize_4bit=quantize_4bit, **kwargs)
-    fit_model(model, tokenizer or stage_tokenizer(ctx), ctx.plan.chat_template)
+    tokenizer = tokenizer or stage_tokenizer(ctx)
+    rows = model.get_input_embeddings().num_embeddings
+    if ctx.backend.frozen_sharded and rows < len(tokenizer):
+        raise StageFailed(
+            f"{ctx.plan.where}: the tokenizer has {len(tokenizer)} tokens and the model's embeddings {rows} "
+            "rows; FSDP shards the model as it loads and cannot add rows to it: train this stage under "
+            "`backend: zero2` or `ddp`, or start it from an earlier stage's merged model, which has them"
+        )
+    fit_model(model, tokenizer, ctx.plan.chat_template)
     return ctx.backend.prepare(merge_adapters(model, ctx.model_input.adapters), ctx.plan)
 
 
