@@ -283,8 +283,8 @@ class Schedule:
         folder = self.folders()[stage.name]
         restart = stage.name in self.restart
         record = run_stage(self.plan, stage, stamp, folder, launch, restart=restart, on_event=self.on_event)
-        seconds, waited = record["ended"] - record["started"], record["waited_s"]
-        queued = f" ({waited:.0f}s of it waiting for resources)" if waited >= 1 else ""
+        seconds, waited = record["ended"] - record["started"], record["waited_s"]  # 5 s: more than reserving
+        queued = f" ({waited:.0f}s of it waiting for resources)" if waited >= 5 else ""
         self.on_event(f"[{stage.name}] done in {seconds:.1f}s{queued} -> {folder}")
         return Outcome(stage.name, "ran", folder, seconds, record["metrics"])
 
