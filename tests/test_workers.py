@@ -5,7 +5,11 @@ worker equal to one on fresh workers is tests/test_pipeline_e2e.py's."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
+from align.run import stop
+from align.run.reservation import Turns
 from align.run.workers import rank_environments, reset_process
 
 MASTER = ("10.0.0.1", 29500)
@@ -48,3 +52,25 @@ def test_a_worker_forgets_a_stage_s_accelerate_state_and_environment(monkeypatch
     assert not AcceleratorState._shared_state  # the next stage may choose another precision
     Accelerator(mixed_precision="bf16")  # refused without the reset: "already initialized"
     reset_process(before)
+
+
+def test_reservations_take_turns_in_the_pipelines_order() -> None:
+    """A small stage queued after a big one does not reserve first, though its thread asks first."""
+    stop.clear()
+    turns = Turns(["big", "small"])
+    turns.queue("big")
+    turns.queue("small")
+    order: list[str] = []
+
+    def small() -> None:
+        with turns.turn("small"):
+            order.append("small")
+
+    asking = threading.Thread(target=small)
+    asking.start()
+    time.sleep(0.3)
+    assert order == []  # it waits for "big", queued before it in the pipeline's order
+    with turns.turn("big"):
+        order.append("big")
+    asking.join(timeout=5)
+    assert order == ["big", "small"]
