@@ -120,6 +120,12 @@ bench-data: $(SETUP)
 bench-concurrency: $(SETUP)
 	$(OFFLINE) $(PY) bench/concurrency.py
 
+# A reward model and a reference in Ray actors of their own against co-located: one call's round trip and
+# PPO's time split (about 3 min on 2 cores); writes bench/results/services-cpu.md
+.PHONY: bench-services
+bench-services: $(SETUP)
+	$(OFFLINE) $(PY) bench/services.py
+
 # validate/plan wall time, warm and cold, against a bare interpreter and `import torch` (about 1 min)
 bench-cli: $(SETUP)
 	$(OFFLINE) $(PY) bench/cli.py
