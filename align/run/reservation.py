@@ -26,26 +26,21 @@ def shown(resources: dict[str, float]) -> str:
 
 
 def schedulable(node: dict[str, float]) -> dict[str, float]:
-    """A node's resources a bundle can ask for: CPUs, GPUs, custom ones (not memory or Ray's own labels)."""
+    """A node's resources a bundle can ask for: CPUs, GPUs, custom ones (not memory, Ray's own labels, or
+    the placement groups' own `CPU_group_...`, `bundle_group_...`)."""
     return {
-        key: value for key, value in node.items() if not key.startswith(("node:", "memory", "object_store"))
+        key: value
+        for key, value in node.items()
+        if not key.startswith(("node:", "memory", "object_store")) and "_group_" not in key
     }
 
 
 def free_per_node() -> list[dict[str, float]]:
-    """What each live node has free now, largest CPU count first (the object store and memory left out)."""
+    """What each live node has free now, largest CPU count first."""
     import ray
 
     nodes = ray._private.state.available_resources_per_node().values()
-    kept = [
-        {
-            k: v
-            for k, v in node.items()
-            if k in ("CPU", "GPU") or not k.startswith(("node:", "memory", "object"))
-        }
-        for node in nodes
-    ]
-    return sorted(kept, key=lambda node: -node.get("CPU", 0))
+    return sorted(map(schedulable, nodes), key=lambda node: -node.get("CPU", 0))
 
 
 def largest_node() -> dict[str, float]:
@@ -53,10 +48,7 @@ def largest_node() -> dict[str, float]:
     import ray
 
     totals = ray._private.state.total_resources_per_node().values()
-    kept = [
-        {k: v for k, v in node.items() if not k.startswith(("node:", "memory", "object"))} for node in totals
-    ]
-    return max(kept, key=lambda node: node.get("CPU", 0), default={})
+    return max(map(schedulable, totals), key=lambda node: node.get("CPU", 0), default={})
 
 
 class Turns:

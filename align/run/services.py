@@ -80,12 +80,6 @@ def asked(service: Service, embedded: bool) -> dict[str, float]:
     return {"CPU": service.num_cpus(embedded), "GPU": service.gpus}
 
 
-def node_resources() -> dict[str, float]:
-    """The largest node's resources without the placement groups' own (`CPU_group_...`, `bundle_group_...`):
-    the ranks' reservations are on it while the service waits."""
-    return {key: value for key, value in largest_node().items() if "_group_" not in key}
-
-
 def described(resources: dict[str, float]) -> str:
     """`{CPU: 0}`, `{CPU: 1, GPU: 2}`: the CPUs always, even none."""
     gpus = f", GPU: {resources['GPU']:g}" if resources["GPU"] else ""
@@ -148,6 +142,6 @@ def wait_ready(stage: StagePlan, handles: dict[str, Any], embedded: bool, say: C
             raise AlignError(
                 f"stage '{stage.name}': Ray could not start the {service.role} service "
                 f"({described(asked(service, embedded))}) in {service.wait_s:g} s; the largest node has "
-                f"{shown(node_resources())}: lower `stages.{stage.name}.{service.role}.resources` or add "
+                f"{shown(largest_node())}: lower `stages.{stage.name}.{service.role}.resources` or add "
                 "nodes; check `ray status`"
             )
