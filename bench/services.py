@@ -36,18 +36,11 @@ TRL |= {"max_completion_length": 8, "temperature": 1.0, "logging_steps": 1, "sav
 
 
 def reward_model(folder: Path) -> Path:
-    """A one-label sequence classifier on the tiny model's trunk, random init with a fixed seed."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-
+    """A random-init reward model on the tiny model's trunk, fixed seed."""
     from align.models.loading import resolve_model
+    from align.models.tiny import build_tiny_reward_model
 
-    tiny = resolve_model("tiny")
-    tokenizer = AutoTokenizer.from_pretrained(tiny)
-    config = AutoConfig.from_pretrained(tiny, num_labels=1, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder / "rm")
-    tokenizer.save_pretrained(folder / "rm")
-    return folder / "rm"
+    return build_tiny_reward_model(folder / "rm", Path(resolve_model("tiny")))
 
 
 def pipeline(folder: Path, steps: int) -> Path:

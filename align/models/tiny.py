@@ -85,3 +85,16 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> None:
         model = LlamaForCausalLM(config)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def build_tiny_reward_model(out_dir: Path, tiny_dir: Path, *, seed: int = 0) -> Path:
+    """A one-label sequence classifier on the tiny model's config and tokenizer, random init with `seed`:
+    a stand-in reward model for tests and benchmarks."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    config = AutoConfig.from_pretrained(tiny_dir, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
