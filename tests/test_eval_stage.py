@@ -133,7 +133,7 @@ def eval_pipeline(folder: Path, eval_stage: dict, **top) -> Path:
             "baseline 'b' is not one of models: a",
         ),
         (
-            {"models": {"a": "tiny"}, "lm_eval": {"tasks": ["t"]}, "generation": {"num_samples": 4}},
+            {"models": {"a": "tiny"}, "lm_eval": {"tasks": ["arc_easy"]}, "generation": {"num_samples": 4}},
             "stages.eval.generation",
             "greedy decoding",
         ),
@@ -143,9 +143,14 @@ def eval_pipeline(folder: Path, eval_stage: dict, **top) -> Path:
             "not a shipped reward function",
         ),
         (
-            {"models": {"a": "no/such/folder/"}, "lm_eval": {"tasks": ["t"]}},
+            {"models": {"a": "no/such/folder/"}, "lm_eval": {"tasks": ["arc_easy"]}},
             "stages.eval.models.a",
             "",
+        ),
+        (
+            {"models": {"a": "tiny"}, "lm_eval": {"tasks": ["hellaswagg"]}},
+            "stages.eval.lm_eval.tasks",
+            "no task 'hellaswagg' in lm-eval's own tasks (close: hellaswag",
         ),
         (
             {"models": {"a": "tiny"}, "data": {"prompts": f"{TOY}/sft"}, "rewards": [{"function": "format"}]},

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from align.config.spec import LmEvalSpec
-from align.errors import ConfigError, Problem
+from align.errors import ConfigError
+from align.pipeline.eval_checks import lm_eval_problem
 
 SKIPPED = ("alias", "sample_len", "samples")
 
@@ -41,13 +42,8 @@ def task_scores(model: Any, tokenizer: Any, spec: LmEvalSpec, seed: int, where: 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
     tokenizer.padding_side = "left"
     manager = TaskManager(include_path=spec.include_path, include_defaults=spec.include_path is None)
-    if unknown := [task for task in spec.tasks if task not in manager.all_tasks]:
-        where_from = spec.include_path or "lm-eval's own tasks"
-        message = (
-            f"no task {unknown[0]!r} in {where_from}; name a task of that folder's YAMLs (its `task:` key), "
-            "or set lm_eval.include_path to the folder that holds it"
-        )
-        raise ConfigError([Problem(f"{where}.lm_eval.tasks", message)])
+    if (problem := lm_eval_problem(spec, where, manager)) is not None:
+        raise ConfigError([problem])
     harness_model = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=8)
     with single_process():
         results = lm_eval.simple_evaluate(
