@@ -4,8 +4,10 @@ functions; the killed-driver and killed-worker runs in tests/test_faults.py chec
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from align.cli import main
+from align.report.console import ProgressLine, format_progress
 from align.run.lock import LOCK, process_started
 from align.run.records import keep_failed, publish, scratch_name, start_attempt, write_json
 
@@ -103,3 +106,41 @@ def test_a_pipeline_that_never_ran_is_all_pending(tmp_path, capsys):
 def test_a_missing_pipeline_file_is_named_not_sent_to_a_cluster(tmp_path, capsys):
     assert main(["status", str(tmp_path / "nosuch.yaml")]) == 2
     assert f"{tmp_path / 'nosuch.yaml'}: no such pipeline file or run folder" in capsys.readouterr().err
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def screen(drawn: str) -> list[str]:
+    """What a terminal shows after `drawn`: lines, with "up N lines" and "clear below" applied."""
+    rows, row = [""], 0
+    for token in re.split(r"(\x1b\[\d+F\x1b\[J|\n)", drawn):
+        if token == "\n":
+            row += 1
+            rows += [""] * (row + 1 - len(rows))
+        elif match := re.fullmatch(r"\x1b\[(\d+)F\x1b\[J", token):
+            row -= int(match.group(1))
+            rows[row:] = [""]
+        elif token:
+            rows[row] += token
+    return [line for line in rows if line]
+
+
+def test_progress_keeps_one_live_line_per_running_stage_below_the_run_lines() -> None:
+    terminal = Terminal()
+    progress = ProgressLine(terminal)
+    entry = {"max_steps": 10, "started": 0.0, "time": 1.0}
+    progress.update("left", {**entry, "step": 1})
+    progress.update("right", {**entry, "step": 2})
+    progress.update("left", {**entry, "step": 3})
+    assert screen(terminal.getvalue()) == [
+        format_progress("left", {**entry, "step": 3}),
+        format_progress("right", {**entry, "step": 2}),
+    ]
+    progress.event("[left] done in 1.0s -> runs/x/left")
+    assert screen(terminal.getvalue()) == [
+        "[left] done in 1.0s -> runs/x/left",
+        format_progress("right", {**entry, "step": 2}),
+    ]
