@@ -71,7 +71,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         where = str(err) or "stopped between stages (every finished stage is kept)"  # no stage running
         if "\n" in where:  # several stages stopped, one line each
             where = "".join(f"\n  {line}" for line in where.splitlines())
-        print(f"interrupted: {where}\n`{again}` resumes it", file=sys.stderr)
+        else:
+            where = f" {where}"
+        print(f"interrupted:{where}\n`{again}` resumes it", file=sys.stderr)
         return 128 + err.signum
     finally:
         progress.end()
