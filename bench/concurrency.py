@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import yaml
+from alternate import alternating, table_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -98,9 +99,7 @@ def markdown(steps: int, results: dict[str, list[dict[str, float]]]) -> str:
         "| variant | run wall | children's span | sum of children's own times (waits left out) |",
         "|---|---:|---:|---:|",
     ]
-    for name, runs in results.items():
-        cells = [summary([r[key] for r in runs]) for key in ("wall", "children_span", "children_own")]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += table_rows(results, ("wall", "children_span", "children_own"), summary)
     lines += [
         "",
         f"Children's span, concurrent / serial: **{ratio:.2f}x**. `serial` is align's default on one "
@@ -116,11 +115,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    results: dict[str, list[dict[str, float]]] = {"serial": [], "concurrent": []}
-    for repeat in range(args.repeats):
-        for name in results:
-            results[name].append(measure(args.steps, name == "concurrent"))
-            print(f"run {repeat + 1} {name}: {results[name][-1]}", flush=True)
+    variants = ["serial", "concurrent"]
+    results = alternating(variants, args.repeats, lambda name: measure(args.steps, name == "concurrent"))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "concurrency-cpu.md").write_text(markdown(args.steps, results))
     print((RESULTS / "concurrency-cpu.md").read_text())

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from alternate import alternating, table_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -150,9 +151,7 @@ def markdown(args: argparse.Namespace, calls: dict, runs: dict[str, list[dict[st
         "| placement | time_score_s per rollout | time_service_wait_s per rollout | stage |",
         "|---|---:|---:|---:|",
     ]
-    for name, found in runs.items():
-        cells = [summary([run[key] for run in found]) for key in ("score", "service_wait", "stage")]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += table_rows(runs, ("score", "service_wait", "stage"), summary)
     lines += [
         "",
         "`time_score_s` holds the rewards and the policy, critic and reference forwards of each rollout; "
@@ -172,11 +171,8 @@ def main() -> None:
         reward_model(Path(tmp))
         path = pipeline(Path(tmp), args.steps)
         calls = round_trips(path, args.calls)
-        runs: dict[str, list[dict[str, float]]] = {"colocated": [], "actors": []}
-        for repeat in range(args.repeats):
-            for name in runs:
-                runs[name].append(ppo_run(path, name, args.steps))
-                print(f"run {repeat + 1} {name}: {runs[name][-1]}", flush=True)
+        variants = ["colocated", "actors"]
+        runs = alternating(variants, args.repeats, lambda name: ppo_run(path, name, args.steps))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "services-cpu.md").write_text(markdown(args, calls, runs))
     print((RESULTS / "services-cpu.md").read_text())
