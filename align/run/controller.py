@@ -234,6 +234,11 @@ class Schedule:
     failures: dict[str, BaseException] = field(default_factory=dict)
     running: dict[Future, str] = field(default_factory=dict)
     not_run: set[str] = field(default_factory=set)  # an upstream stage failed
+    folders: dict[str, Path] = field(init=False)
+
+    def __post_init__(self) -> None:
+        root, name = self.plan.pipeline.defaults.output_root, self.plan.pipeline.name
+        self.folders = {stage: records.stage_dir(root, name, stage) for stage in self.plan.order}
 
     def run(self, launch: Launcher, ray: RayStages | None) -> list[Outcome]:
         with ThreadPoolExecutor(max_workers=max(1, len(self.todo)), thread_name_prefix="stage") as pool:
@@ -261,7 +266,7 @@ class Schedule:
             if any(up not in self.outcomes for up in needs):
                 continue
             self.todo.remove(name)
-            folders = self.folders()
+            folders = self.folders
             stage = replace(self.plan.stages[name], inputs=resolve_inputs(self.plan.stages[name], folders))
             stamp = fingerprint(stage, folders)
             existing = records.read_record(folders[name])
@@ -269,7 +274,7 @@ class Schedule:
                 self.on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
                 metrics = existing.get("metrics", {})
                 self.outcomes[name] = Outcome(name, "skipped", folders[name], 0.0, metrics)
-                return self.start_ready(pool, launch, ray)  # its dependents may be ready now
+                continue  # its dependents come later in the order, and may be ready now
             stage = priced_at_launch(self.plan.pipeline, stage)
             check_space(stage, folders[name].parent)
             if ray is not None:
@@ -280,7 +285,7 @@ class Schedule:
             self.running[pool.submit(self.run_one, stage, stamp, launch)] = name
 
     def run_one(self, stage: StagePlan, stamp: str, launch: Launcher) -> Outcome:
-        folder = self.folders()[stage.name]
+        folder = self.folders[stage.name]
         restart = stage.name in self.restart
         record = run_stage(self.plan, stage, stamp, folder, launch, restart=restart, on_event=self.on_event)
         seconds, waited = record["ended"] - record["started"], record["waited_s"]  # 5 s: more than reserving
@@ -313,7 +318,3 @@ class Schedule:
                     kept.append(str(stage_err))
         self.running.clear()
         return Interrupted(Interrupted.received, "\n".join(kept))  # a line per stage
-
-    def folders(self) -> dict[str, Path]:
-        root = self.plan.pipeline.defaults.output_root
-        return {name: records.stage_dir(root, self.plan.pipeline.name, name) for name in self.plan.order}

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,15 +110,17 @@ class RunLock:
         self.file = file
         self.holder = holder
         self.stopped = stopped  # PIDs left running by a killed earlier run, stopped when this one began
+        self.noting = threading.Lock()  # stages starting side by side note at once
 
     def note_processes(self) -> None:
         """Record every process below this driver now (an embedded Ray's daemons and workers)."""
         import psutil
 
-        children = psutil.Process().children(recursive=True)
-        known = {pid for pid, _ in self.holder["processes"]}
-        self.holder["processes"] += [[p.pid, p.create_time()] for p in children if p.pid not in known]
-        write_holder(self.file, self.holder)
+        with self.noting:
+            children = psutil.Process().children(recursive=True)
+            known = {pid for pid, _ in self.holder["processes"]}
+            self.holder["processes"] += [[p.pid, p.create_time()] for p in children if p.pid not in known]
+            write_holder(self.file, self.holder)
 
 
 def check_free(folder: Path) -> None:

@@ -4,12 +4,11 @@ that skips every stage never starts it) and stops, with the workers, before the 
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ class RayStages:
     on_progress: Callable[[str, dict[str, Any]], None]
     workers: WarmWorkers
     embedded: bool = True
-    noting: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, stage: StagePlan) -> None:
         """Connect to Ray (from the main thread, which handles signals) and say which Ray, in one line."""
@@ -61,8 +59,7 @@ class RayStages:
         group, fresh = self.workers.acquire(shape, stage.name)
         waited = time.monotonic() - asked
         try:
-            with self.noting:
-                self.lock.note_processes()
+            self.lock.note_processes()
             if fresh:
                 check_shared(group, scratch.parent)
             with stage_services(stage, self.embedded, self.on_event) as services:

@@ -291,8 +291,7 @@ class WarmWorkers:
 
     def stop_idle(self) -> None:
         for group in self.idle:
-            if not group.stopped:
-                group.stop()
+            group.stop()
         self.idle.clear()
 
     def stop(self) -> None:
@@ -305,7 +304,6 @@ class WarmWorkers:
             return
         with self.lock:
             for group in [*self.busy.values(), *self.idle]:
-                if not group.stopped:
-                    group.stop()
+                group.stop()
             self.busy.clear()
             self.idle.clear()
