@@ -91,7 +91,7 @@ def test_a_metric_measured_before_and_after_only_is_two_markers_not_a_line() -> 
 def test_sampled_answers_come_num_samples_per_prompt_and_repeat_with_their_seed() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from align.config.spec import GenerationSpec
+    from align.config.eval_settings import GenerationSpec
     from align.models.loading import resolve_model
     from align.stages.eval_answers import answers
 

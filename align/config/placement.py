@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from align.config.strict import Strict
 from align.rewards import ACTOR, WITH_POLICY, ServiceResources
 
 ACTOR_REFERENCE_KINDS = ("ppo", "dpo")
@@ -15,11 +14,9 @@ DPO's (log-probs of every pair, computed before training)."""
 ACTOR_REWARD_KINDS = ("ppo", "grpo", "rloo")
 
 
-class ReferenceSpec(BaseModel):
+class ReferenceSpec(Strict):
     """A stage's `reference:` block: `placement: actor` loads the frozen reference copy in its own Ray actor,
     with its own `resources:`, instead of on every training rank."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     placement: Literal["with_policy", "actor"] = WITH_POLICY
     resources: ServiceResources = ServiceResources()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import difflib
 
-from align.config.spec import EvalStage, LmEvalSpec, Pipeline
+from align.config.eval_settings import LmEvalSpec
+from align.config.spec import EvalStage, Pipeline
 from align.data.scan import check_data, columns_problem
 from align.errors import Problem
 from align.models.loading import model_problem

@@ -24,7 +24,8 @@ from pydantic import Field, ValidationError
 
 from align.backends import BACKENDS
 from align.cache import exists, user_path
-from align.config.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase, Strict
+from align.config.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase
+from align.config.strict import Strict
 from align.config.validation import pydantic_problems
 from align.data.loading import data_location
 from align.errors import ConfigError, Problem

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from align.config.spec import GenerationSpec
+from align.config.eval_settings import GenerationSpec
 from align.trainers.sampling import moe_generation, only_these_settings, prompt_text
 
 BATCH = 32  # prompts per generate call

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from align.config.spec import LmEvalSpec
+from align.config.eval_settings import LmEvalSpec
 from align.errors import ConfigError
 from align.pipeline.eval_checks import lm_eval_problem
 
