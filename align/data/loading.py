@@ -21,6 +21,7 @@ from typing import Any
 
 from align.cache import cache_root, exists, is_dir, user_path
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
+from align.data.mapped_pages import release_pages_on_open
 from align.data.rows import row_source
 from align.data.shapes import Normalizer, RowProblem, detect, suggest_columns
 from align.errors import DataError
@@ -178,6 +179,7 @@ def read_dataset(path: Path, ref: str) -> Any:
     from datasets import load_dataset, load_from_disk
     from datasets.exceptions import DatasetGenerationError
 
+    release_pages_on_open()
     try:
         if is_dir(path):
             return load_from_disk(str(path))

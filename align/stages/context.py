@@ -27,6 +27,7 @@ from align.planning.plan import ModelInput, StagePlan
 from align.stages.checkpointing import checkpoint_callbacks
 from align.stages.checkpoints import CHECKPOINTS, KEEP
 from align.stages.progress import ProgressFile
+from align.stages.resident import ReleaseMappedPages
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -81,6 +82,7 @@ class StageContext:
         return [
             *self.backend.callbacks(self.plan, logs),
             ProgressFile(logs),
+            ReleaseMappedPages(),
             *checkpoint_callbacks(self.plan.checkpoint_minutes),
         ]
 

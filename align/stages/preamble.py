@@ -61,20 +61,21 @@ class Preamble:
 
 
 LARGE_DATA_ROWS = 10_000
-"""From this many training rows, TRL prepares (tokenizes) them in as many processes as the rank has CPUs;
-below it, starting the processes costs more than they save."""
+"""From this many training rows, TRL prepares (tokenizes) them in as many processes as the rank has CPUs,
+and in two on a one-CPU rank: the processes read the whole file, so the rank itself does not (its memory
+holds what it trains on, align/data/mapped_pages.py). Below it, starting them costs more than they save."""
 
 
 def data_processes(ctx: StageContext, rows: int) -> dict[str, int]:
-    """TRL's `dataset_num_proc` for a large dataset, unless the `trl:` block sets it: the rank's CPUs, as
-    its worker set torch's threads to them. Preparing runs once (it is cached), before training."""
+    """TRL's `dataset_num_proc` for a large dataset, unless the `trl:` block sets it: the rank's CPUs (its
+    worker set torch's threads to them), at least two. Preparing runs once (it is cached), before training."""
     import torch
 
     cpus = torch.get_num_threads()
     settable = "dataset_num_proc" in field_types(config_class(ctx.plan.kind))  # not GRPO's, nor align's PPO
-    if rows < LARGE_DATA_ROWS or cpus < 2 or not settable or "dataset_num_proc" in ctx.plan.stage.trl:
+    if rows < LARGE_DATA_ROWS or not settable or "dataset_num_proc" in ctx.plan.stage.trl:
         return {}
-    return {"dataset_num_proc": cpus}
+    return {"dataset_num_proc": max(2, cpus)}
 
 
 def preamble(
