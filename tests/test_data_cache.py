@@ -65,3 +65,29 @@ def test_two_ranks_share_one_preparation(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(two))
     run(sft_pipeline(tmp_path / "b", rows, workers=2))
     assert sorted(arrow_files(two)) == sorted(arrow_files(one))
+
+
+def test_a_large_file_is_built_into_arrow_by_a_process_of_its_own(tmp_path, monkeypatch):
+    """The rank only opens the Arrow file a child built (parsing leaves memory behind in the process that
+    parses); a file the child cannot build still fails in the rank, naming its bad line."""
+    from datasets.arrow_writer import ArrowWriter
+
+    from align.data import building
+    from align.data.loading import read_dataset
+    from align.errors import DataError
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(building, "APART_BYTES", 0)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the rank built the Arrow file itself")
+
+    monkeypatch.setattr(ArrowWriter, "write_table", refuse)
+    rows = conversations(tmp_path / "rows.jsonl", 300)
+    dataset = read_dataset(rows, "rows.jsonl")
+    assert len(dataset) == 300 and dataset[299]["messages"][1]["content"] == "299 plus 299 is 598."
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(rows.read_text() + "{not json\n")
+    with pytest.raises(DataError, match="line 301"):
+        read_dataset(broken, "broken.jsonl")

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from align.cache import cache_root, exists, is_dir, user_path
+from align.data.building import build_apart
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
 from align.data.mapped_pages import release_pages_on_open
 from align.data.rows import row_source
@@ -184,6 +185,7 @@ def read_dataset(path: Path, ref: str) -> Any:
         if is_dir(path):
             return load_from_disk(str(path))
         builder = "parquet" if path.suffix == ".parquet" else "json"
+        build_apart(builder, path, datasets_cache())
         return load_dataset(builder, data_files=str(path), split="train", cache_dir=str(datasets_cache()))
     except (OSError, pyarrow.ArrowException, DatasetGenerationError) as error:
         raise DataError(
