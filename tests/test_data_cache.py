@@ -91,3 +91,45 @@ def test_a_large_file_is_built_into_arrow_by_a_process_of_its_own(tmp_path, monk
     broken.write_text(rows.read_text() + "{not json\n")
     with pytest.raises(DataError, match="line 301"):
         read_dataset(broken, "broken.jsonl")
+
+
+def test_the_builder_ends_with_the_rank_that_started_it():
+    """A rank killed outright (SIGKILL: no handler runs) leaves no builder process parsing behind it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    builder = (
+        "import sys, threading, time; from align.data.building import exit_with; "
+        "threading.Thread(target=exit_with, args=(int(sys.argv[1]),), daemon=True).start(); time.sleep(60)"
+    )
+    rank = (
+        "import os, subprocess, sys; "
+        f"child = subprocess.Popen([sys.executable, '-c', {builder!r}, str(os.getpid())]); "
+        "print(child.pid, flush=True); child.wait()"
+    )
+    root = Path(__file__).resolve().parents[1]
+    middle = subprocess.Popen(
+        [sys.executable, "-c", rank],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    child = int(middle.stdout.readline())
+    os.kill(middle.pid, signal.SIGKILL)
+    middle.wait()
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running(child), "the builder outlived its rank"
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` still runs (an ended orphan may stay a zombie until something reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
