@@ -45,6 +45,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def resume_options(args: argparse.Namespace) -> list[str]:
+    """The options that rerun what an interrupted `align run` was running: its stage selection and
+    settings, and its forced (or restarted) stages forced again, which picks up their kept attempts."""
+    return [
+        *(f"--set {item}" for item in args.set),
+        *(f"--stage {name}" for name in args.stage),
+        *(f"--force {name}" for name in [*args.force, *args.restart]),
+    ]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from align.report.console import ProgressLine, format_outcomes
     from align.run.controller import run_plan
@@ -67,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     except Interrupted as err:
         progress.end()
-        again = " ".join(["align", "run", args.file, *(f"--set {item}" for item in args.set)])
+        again = " ".join(["align", "run", args.file, *resume_options(args)])
         where = str(err) or "stopped between stages (every finished stage is kept)"  # no stage running
         if "\n" in where:  # several stages stopped, one line each
             where = "".join(f"\n  {line}" for line in where.splitlines())

@@ -34,8 +34,8 @@ def one_sft(folder: Path, name: str, steps: int) -> Path:
     return write_pipeline(folder, name, {"sft": sft}, backend="ddp")
 
 
-def start(path: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "align.cli", "run", str(path)]
+def start(path: Path, *options: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "align.cli", "run", str(path), *options]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -108,12 +108,14 @@ def test_sigterm_while_ray_starts(tmp_path: Path) -> None:
 
 
 def test_sigterm_while_the_group_starts(tmp_path: Path) -> None:
+    """A forced stage stopped: the line to resume it forces it again (a plain run would call the stage's
+    earlier output up to date)."""
     path = one_sft(tmp_path, "start", steps=500)
-    run = start(path)
+    run = start(path, "--force", "sft")
     wait_until(lambda: stage_workers(run), run)
     err = terminate(run)
     assert "interrupted: stage 'sft' stopped (no checkpoint yet, so it starts over)" in err
-    assert f"`align run {path}` resumes it" in err
+    assert f"`align run {path} --force sft` resumes it" in err
     assert kept(tmp_path / "runs" / "start", "sft")["status"] == "interrupted"
 
 
