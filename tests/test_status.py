@@ -144,3 +144,25 @@ def test_progress_keeps_one_live_line_per_running_stage_below_the_run_lines() ->
         "[left] done in 1.0s -> runs/x/left",
         format_progress("right", {**entry, "step": 2}),
     ]
+
+
+def test_before_its_first_step_a_stage_says_what_it_is_doing() -> None:
+    """Loading and tokenizing a large file takes minutes: the line names it, with its clock on a terminal
+    and once per phase elsewhere, and the steps replace it."""
+    import time
+
+    terminal, log = Terminal(), io.StringIO()
+    started = time.time() - 75
+    for progress in (ProgressLine(terminal), ProgressLine(log)):
+        for phase in ("loading the data", "loading the data", "preparing 2,000 training rows and the model"):
+            progress.update("sft", {"phase": phase, "started": started, "time": started})
+        progress.update("sft", {"step": 1, "max_steps": 10, "started": started, "time": started + 1})
+    assert screen(terminal.getvalue()) == [
+        format_progress("sft", {"step": 1, "max_steps": 10, "started": started, "time": started + 1})
+    ]
+    assert "[sft] preparing 2,000 training rows and the model, 0:01:1" in terminal.getvalue()
+    assert log.getvalue().splitlines() == [
+        "[sft] loading the data",
+        "[sft] preparing 2,000 training rows and the model",
+        format_progress("sft", {"step": 1, "max_steps": 10, "started": started, "time": started + 1}),
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.data.scan import data_shape
@@ -133,7 +134,11 @@ def format_progress(stage: str, entry: dict) -> str:
 
 
 def progress_text(entry: dict) -> str:
-    """`step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35`: the progress line, and `align status`."""
+    """`step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35`: the progress line, and `align status`;
+    before the first step, what the stage is doing and for how long (`loading the data, 0:01:10`)."""
+    if "phase" in entry:
+        seconds = max(0, int(time.time() - entry["started"]))
+        return f"{entry['phase']}, {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
     step, total, first = entry["step"], entry.get("max_steps") or 0, entry.get("first_step", 0)
     parts = [f"step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
     if entry.get("value"):
@@ -159,6 +164,7 @@ class ProgressLine:
         self.live = stream.isatty()
         self.lines: dict[str, str] = {}  # the drawn block, one line per running stage
         self.tenths: dict[str, int] = {}
+        self.phases: dict[str, str] = {}  # the phase last printed per stage, off a terminal
         self.lock = threading.RLock()  # a signal may land in the main thread while it draws
 
     def update(self, stage: str, entry: dict) -> None:
@@ -168,6 +174,10 @@ class ProgressLine:
                 self.erase()
                 self.lines[stage] = line[: shutil.get_terminal_size().columns - 1]  # one row each
                 self.draw()
+            elif "phase" in entry:  # once per phase, without a clock that would always read 0
+                if self.phases.get(stage) != entry["phase"]:
+                    self.phases[stage] = entry["phase"]
+                    self.stream.write(f"[{stage}] {entry['phase']}\n")
             else:
                 total = entry.get("max_steps") or 0
                 tenth = 10 * entry["step"] // total if total else 0

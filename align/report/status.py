@@ -89,7 +89,11 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
     if record.get("status") == "running" and running:
         return StageState(name, "running", progress_text(progress) if progress else "starting")
     if record.get("status") in ("running", "interrupted"):
-        where = f"at step {progress['step']}/{progress['max_steps']}" if progress else "before its first step"
+        where = (
+            f"at step {progress['step']}/{progress['max_steps']}"
+            if "step" in (progress or {})
+            else "before its first step"
+        )
         checkpoint = latest_complete(scratch)
         then = f"resumes it from step {checkpoint[0]}" if checkpoint else "starts it over (no checkpoint yet)"
         return StageState(name, "interrupted", f"{where}; `align run` {then} ({scratch})")

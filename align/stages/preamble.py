@@ -18,6 +18,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
+from align.stages.progress import note_phase
 from align.stages.samples import sample_prompts
 
 
@@ -88,7 +89,10 @@ def preamble(
     """Data, TRL config (the `trl:` block plus the runner's `overrides`) and tokenizer; the model loads when
     the trainer is built. `eval_on_start`: TRL evaluates the held-out rows at the start of train(), where
     every backend can evaluate (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)."""
+    logs = ctx.output_dir / "logs"
+    note_phase(logs, "loading the data")
     train, evaluation = stage_data(ctx)
+    note_phase(logs, f"preparing {len(train):,} training rows and the model")
     overrides = {**data_processes(ctx, len(train)), **(overrides or {})}
     if eval_on_start:
         overrides = {"eval_on_start": evaluation is not None, **overrides}

@@ -1,5 +1,6 @@
 """A small file the running stage keeps current (`logs/progress.json`): the driver's progress line and
-`align status` read it, so the console needs none of the workers' output."""
+`align status` read it, so the console needs none of the workers' output. Before the first step it names
+what the stage is doing (`phase`): loading and tokenizing a large file can take minutes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,22 @@ from transformers import TrainerCallback
 PROGRESS = "progress.json"
 SHOWN = ("loss", "reward", "rewards/mean", "eval_loss")
 """Logged values worth a place on the progress line, first found wins."""
+
+
+def write_progress(path: Path, entry: dict) -> None:
+    """Replace the file whole: the driver never reads half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(entry))
+    os.replace(scratch, path)
+
+
+def note_phase(logs_dir: Path, phase: str) -> None:
+    """On rank 0, what the stage does before its first step (`loading the data`), shown until training
+    starts."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        now = time.time()
+        write_progress(logs_dir / PROGRESS, {"phase": phase, "started": now, "time": now})
 
 
 class ProgressFile(TrainerCallback):
@@ -51,7 +68,4 @@ class ProgressFile(TrainerCallback):
             "time": self.written,
             "value": self.last_value,
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = self.path.with_suffix(".tmp")
-        scratch.write_text(json.dumps(entry))
-        os.replace(scratch, self.path)
+        write_progress(self.path, entry)
