@@ -81,7 +81,7 @@ def wait_for_step(pipeline_dir: Path, step: int, proc: subprocess.Popen, timeout
         assert proc.poll() is None, proc.communicate()
         for progress in pipeline_dir.glob(".sft.tmp-*/logs/progress.json"):
             try:
-                if json.loads(progress.read_text())["step"] >= step:
+                if json.loads(progress.read_text()).get("step", -1) >= step:  # a phase has no step
                     return
             except (OSError, ValueError):
                 pass
