@@ -184,9 +184,9 @@ def read_dataset(path: Path, ref: str) -> Any:
     try:
         if is_dir(path):
             return load_from_disk(str(path))
-        builder = "parquet" if path.suffix == ".parquet" else "json"
-        build_apart(builder, path, datasets_cache())
-        return load_dataset(builder, data_files=str(path), split="train", cache_dir=str(datasets_cache()))
+        builder, cache = ("parquet" if path.suffix == ".parquet" else "json"), datasets_cache()
+        build_apart(builder, path, cache)
+        return load_dataset(builder, data_files=str(path), split="train", cache_dir=str(cache))
     except (OSError, pyarrow.ArrowException, DatasetGenerationError) as error:
         raise DataError(
             first_bad_row(path, ref) or f"{ref} cannot be read: {error.__cause__ or error}"

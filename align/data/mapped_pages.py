@@ -58,16 +58,14 @@ def release_mapped_pages(path: str | None = None) -> None:
         _madvise()(start, end - start, MADV_DONTNEED)
 
 
-def release_pages_on_open() -> bool:
-    """Make `datasets` drop an Arrow file's header pages as soon as it has opened it; False where this
-    `datasets` opens files otherwise (then opening costs what it did, nothing breaks)."""
+def release_pages_on_open() -> None:
+    """Make `datasets` drop an Arrow file's header pages as soon as it has opened it; where this
+    `datasets` opens files otherwise, opening costs what it did, and nothing breaks."""
     from datasets import table
 
     opener = getattr(table, "_memory_mapped_arrow_table_from_file", None)
-    if opener is None or not sys.platform.startswith("linux"):
-        return False
-    if getattr(opener, "releases_pages", False):
-        return True
+    if opener is None or not sys.platform.startswith("linux") or getattr(opener, "releases_pages", False):
+        return
 
     @functools.wraps(opener)
     def open_then_release(filename: str) -> Any:
@@ -77,4 +75,3 @@ def release_pages_on_open() -> bool:
 
     open_then_release.releases_pages = True  # type: ignore[attr-defined]
     table._memory_mapped_arrow_table_from_file = open_then_release
-    return True

@@ -15,14 +15,13 @@ import dataclasses
 import importlib
 import importlib.metadata
 import json
-import os
 import tempfile
 import typing
 import warnings
 from functools import cache
 from typing import Any
 
-from align.cache import cache_root
+from align.cache import cache_root, write_atomically
 from align.config.spec import KINDS
 from align.config.validation import suggestion
 from align.errors import Problem
@@ -129,10 +128,7 @@ def checked(kind: str, block: dict[str, Any]) -> dict[str, Any]:
     except (OSError, ValueError):
         pass
     result = check_block(kind, block)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(f".{os.getpid()}.tmp")
-    scratch.write_text(json.dumps(result, default=str))
-    os.replace(scratch, path)  # readers see a whole file or none
+    write_atomically(path, json.dumps(result, default=str))
     return result
 
 

@@ -137,8 +137,7 @@ def progress_text(entry: dict) -> str:
     """`step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35`: the progress line, and `align status`;
     before the first step, what the stage is doing and for how long (`loading the data, 0:01:10`)."""
     if "phase" in entry:
-        seconds = max(0, int(time.time() - entry["started"]))
-        return f"{entry['phase']}, {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return f"{entry['phase']}, {duration(time.time() - entry['started'])}"
     step, total, first = entry["step"], entry.get("max_steps") or 0, entry.get("first_step", 0)
     parts = [f"step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
     if entry.get("value"):
@@ -149,9 +148,14 @@ def progress_text(entry: dict) -> str:
         rate = (step - first) / elapsed
         parts.append(f"{rate:.3g} it/s")
         if total > step:
-            seconds = int((total - step) / rate)
-            parts.append(f"ETA {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
+            parts.append(f"ETA {duration((total - step) / rate)}")
     return "  ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """`0:01:10`: hours, minutes and seconds."""
+    whole = max(0, int(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 class ProgressLine:

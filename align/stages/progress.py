@@ -11,17 +11,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from align.cache import write_atomically
+
 PROGRESS = "progress.json"
 SHOWN = ("loss", "reward", "rewards/mean", "eval_loss")
 """Logged values worth a place on the progress line, first found wins."""
-
-
-def write_progress(path: Path, entry: dict) -> None:
-    """Replace the file whole: the driver never reads half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(entry))
-    os.replace(scratch, path)
 
 
 def note_phase(logs_dir: Path, phase: str) -> None:
@@ -29,7 +23,7 @@ def note_phase(logs_dir: Path, phase: str) -> None:
     starts."""
     if int(os.environ.get("RANK", "0")) == 0:
         now = time.time()
-        write_progress(logs_dir / PROGRESS, {"phase": phase, "started": now, "time": now})
+        write_atomically(logs_dir / PROGRESS, json.dumps({"phase": phase, "started": now, "time": now}))
 
 
 class ProgressFile(TrainerCallback):
@@ -68,4 +62,4 @@ class ProgressFile(TrainerCallback):
             "time": self.written,
             "value": self.last_value,
         }
-        write_progress(self.path, entry)
+        write_atomically(self.path, json.dumps(entry))
