@@ -72,6 +72,17 @@ def run(
     return done
 
 
+def running_step(pipeline_dir: Path, stage_name: str = "sft") -> int:
+    """The step the running attempt at a stage has reached by its progress file; -1 before its first step
+    (the file then names a phase) or without one."""
+    for progress in pipeline_dir.glob(f".{stage_name}.tmp-*/logs/progress.json"):
+        try:
+            return json.loads(progress.read_text()).get("step", -1)
+        except (OSError, ValueError):
+            return -1
+    return -1
+
+
 def stage_folder(path: Path, stage_name: str) -> Path:
     """Where a stage of the pipeline file publishes; a relative output root is read from the file's folder."""
     body = yaml.safe_load(path.read_text())

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.pipelines import SFT_DATA, stage, stage_folder, stage_record, write_pipeline
+from tests.pipelines import SFT_DATA, running_step, stage, stage_folder, stage_record, write_pipeline
 
 pytestmark = pytest.mark.cluster
 
@@ -148,14 +148,8 @@ def wait_for_file(folder: Path, pattern: str, run: subprocess.Popen, timeout: fl
 
 
 def wait_for_step(folder: Path, step: int, run: subprocess.Popen, timeout: float = 300) -> None:
-    def reached() -> bool:
-        for progress in folder.glob(".sft.tmp-*/logs/progress.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                return json.loads(progress.read_text()).get("step", -1) >= step  # a phase has no step
-        return False
-
     deadline = time.time() + timeout
-    while not reached():
+    while running_step(folder) < step:
         assert time.time() < deadline and run.poll() is None, f"no step {step} in {folder}"
         time.sleep(0.2)
 

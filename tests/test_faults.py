@@ -23,7 +23,7 @@ import yaml
 from align.data.corpora import builtin_path
 from align.stages.checkpoints import COMPLETE, latest_complete
 from tests.mounts import tmpfs
-from tests.pipelines import QUIET_TRL, losses, stage_record
+from tests.pipelines import QUIET_TRL, losses, running_step, stage_record
 
 pytestmark = pytest.mark.integration
 
@@ -79,12 +79,8 @@ def wait_for_step(pipeline_dir: Path, step: int, proc: subprocess.Popen, timeout
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        for progress in pipeline_dir.glob(".sft.tmp-*/logs/progress.json"):
-            try:
-                if json.loads(progress.read_text()).get("step", -1) >= step:  # a phase has no step
-                    return
-            except (OSError, ValueError):
-                pass
+        if running_step(pipeline_dir) >= step:
+            return
         time.sleep(0.2)
     raise AssertionError(f"no step {step} within {timeout}s")
 

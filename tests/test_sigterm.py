@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.pipelines import stage, stage_folder, write_pipeline
+from tests.pipelines import running_step, stage, stage_folder, write_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -83,16 +83,6 @@ def terminate(proc: subprocess.Popen) -> str:
     return err
 
 
-def training(root: Path) -> bool:
-    """Whether the running sft attempt has reached its steps (before them, its progress names a phase)."""
-    for progress in root.glob(".sft.tmp-*/logs/progress.json"):
-        try:
-            return "step" in json.loads(progress.read_text())
-        except (OSError, ValueError):
-            return False
-    return False
-
-
 def kept(root: Path, name: str) -> dict:
     [folder] = root.glob(f".{name}.failed-*")
     return json.loads((folder / "align-stage.json").read_text())
@@ -132,7 +122,7 @@ def test_sigterm_while_the_group_starts(tmp_path: Path) -> None:
 def test_sigterm_mid_training(tmp_path: Path) -> None:
     path = one_sft(tmp_path, "train", steps=5000)
     run = start(path)
-    wait_until(lambda: training(tmp_path / "runs" / "train"), run)
+    wait_until(lambda: running_step(tmp_path / "runs" / "train") >= 0, run)
     err = terminate(run)
     assert "interrupted: stage 'sft' stopped" in err and f"`align run {path}` resumes it" in err
     assert kept(tmp_path / "runs" / "train", "sft")["status"] == "interrupted"
