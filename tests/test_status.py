@@ -18,6 +18,7 @@ from align.cli import main
 from align.report.console import ProgressLine, format_progress
 from align.run.lock import LOCK, process_started
 from align.run.records import keep_failed, publish, scratch_name, start_attempt, write_json
+from align.stages.checkpoints import CHECKPOINTS, COMPLETE
 
 STAGES = ("sft", "dpo", "rm", "merge")
 
@@ -91,6 +92,13 @@ def test_a_stage_of_a_dead_run_is_interrupted_and_a_run_folder_names_its_stages(
         dpo.split()[:2] == ["dpo", "interrupted"]
         and "at step 30/60; `align run` starts it over (no checkpoint yet)" in dpo
     )
+    # a checkpoint a few steps past the last progress write (at most one a second): its step is where
+    [dpo_attempt] = folder.glob(".dpo.tmp-*")
+    checkpoint = dpo_attempt / CHECKPOINTS / "checkpoint-32"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / COMPLETE).touch()
+    dpo = status(capsys, path)[2]
+    assert "at step 32/60; `align run` resumes it from step 32" in dpo
     found = [line.split()[0] for line in status(capsys, folder)[1:]]
     assert found == ["sft", "dpo", "rm", "merge"]  # no pipeline file: the stages that left a folder, each
     # after the stages its record says it reads

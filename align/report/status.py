@@ -89,12 +89,11 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
     if record.get("status") == "running" and running:
         return StageState(name, "running", progress_text(progress) if progress else "starting")
     if record.get("status") in ("running", "interrupted"):
-        where = (
-            f"at step {progress['step']}/{progress['max_steps']}"
-            if "step" in (progress or {})
-            else "before its first step"
-        )
         checkpoint = latest_complete(scratch)
+        # the progress file is written at most once a second, so a checkpoint may be a few steps past it
+        step = max((progress or {}).get("step", -1), checkpoint[0] if checkpoint else -1)
+        total = (progress or {}).get("max_steps")
+        where = "before its first step" if step < 0 else f"at step {step}" + (f"/{total}" if total else "")
         then = f"resumes it from step {checkpoint[0]}" if checkpoint else "starts it over (no checkpoint yet)"
         return StageState(name, "interrupted", f"{where}; `align run` {then} ({scratch})")
     why = str(record.get("error", "no error recorded")).strip().splitlines() or ["no error recorded"]
