@@ -16,7 +16,7 @@ from align.backends import BACKENDS, Backend
 from align.cache import cache_root
 from align.config.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
 from align.data.batching import sft_batching
-from align.errors import ConfigError, Problem
+from align.errors import ConfigError
 from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets, architecture_for
 from align.models.chat_templates import ChatTemplate, resolve_template
 from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
@@ -24,6 +24,7 @@ from align.models.precision import PURE, compute_dtype, precision_problems, reso
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
+from align.planning.lora import LMHead, lm_head, lora_targets
 from align.planning.placement import (
     VALUE_ADAPTER,
     VALUE_NONE,
@@ -87,9 +88,8 @@ class StagePlan:
     batching: tuple[str, str] | None = None  # an SFT stage's (how it batches, why): align/data/batching.py
     lora_targets: LoraTargets | None = None  # `lora.target_modules` resolved against the model's modules
     resources: Request | None = None  # what each rank asks Ray for (align/planning/resources.py)
-    chat_template: ChatTemplate | None = (
-        None  # applied to the stage's tokenizer (align/models/chat_templates.py)
-    )
+    chat_template: ChatTemplate | None = None  # applied to the stage's tokenizer (models/chat_templates.py)
+    lm_head: LMHead | None = None  # how TRL's trainer reads the head (align/planning/lora.py)
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -171,7 +171,6 @@ def workload(
         critic = arch.hidden_size + 1  # the value head, hidden -> 1 with a bias
     if placement.value == VALUE_ADAPTER:
         critic += arch.lora_param_count(lora.r, targets)
-    batch = trl_setting(stage.kind, trl, "per_device_train_batch_size")
     checkpointing = trl.get("activation_checkpointing") or trl_setting(
         stage.kind, trl, "gradient_checkpointing"
     )
@@ -184,12 +183,18 @@ def workload(
         quantize_4bit=bool(lora and lora.load_in_4bit),
         upcast_unpacked=bool(lora and lora.load_in_4bit and stage.kind in UPCASTS_4BIT_BASE),
         frozen_models=frozen_models(placement, arch.param_count(), compute, reward_params),
-        micro_batch_size=int(batch) * KINDS[stage.kind].sequences,
+        micro_batch_size=micro_batch(stage),
         seq_len=sequence_length(stage),
         gradient_checkpointing=bool(checkpointing),
         extra_trainable=critic,
         trunk_passes=2 if placement.value == VALUE_ADAPTER else 1,
     )
+
+
+def micro_batch(stage: StageBase) -> int:
+    """Sequences per forward of a training stage: a DPO pair is two."""
+    batch = trl_setting(stage.kind, stage.trl, "per_device_train_batch_size")
+    return int(batch) * KINDS[stage.kind].sequences
 
 
 def sequence_length(stage: StageBase) -> int:
@@ -318,6 +323,9 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         if lean_table[option].total <= hardware.device_memory * USABLE_FRACTION:
             placement, by_backend = lean, lean_table  # the copy is what does not fit: precompute instead
     policy_params = arch.param_count() if arch else 0
+    template = resolve_template(value) if (value := pipeline.stage_chat_template(name)) else None
+    positions = micro_batch(stage) * sequence_length(stage) if trains else 0
+    head = lm_head(stage, template, arch, backend.frozen_sharded, positions) if trains else None
     services = stage_services(stage, hardware.accelerator, policy_params, rewards, compute_dtype(precision))
     placement = with_services(placement, services)
     return StagePlan(
@@ -344,26 +352,9 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         batching=sft_batching(stage.trl) if stage.kind == "sft" else None,
         lora_targets=targets,
         resources=stage_request(pipeline, name, workers, hardware.accelerator),
-        chat_template=resolve_template(template)
-        if (template := pipeline.stage_chat_template(name))
-        else None,
+        chat_template=template,
+        lm_head=head,
     )
-
-
-def lora_targets(stage: StageBase, where: str, arch: Architecture | None) -> LoraTargets | None:
-    """The stage's `lora.target_modules` against its model's own modules (as given when the model is not
-    present yet); a name the model lacks is refused here, not by peft in the worker minutes later."""
-    lora = getattr(stage, "lora", None)
-    if lora is None:
-        return None
-    named = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
-    if arch is None:
-        shown = ", ".join(named) if isinstance(named, tuple) else named
-        return LoraTargets(named, summary=f"{shown} (checked against the model once it is present)")
-    try:
-        return arch.resolve_lora(named)
-    except ValueError as err:
-        raise ConfigError([Problem(f"{where}.lora.target_modules", str(err))]) from None
 
 
 def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:

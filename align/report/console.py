@@ -6,8 +6,10 @@ import shutil
 import threading
 import time
 
+from align.data.lengths import lengths_path, recalled
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.data.scan import data_shape
+from align.data.sources import plan_lines as source_lines
 from align.models.chat_templates import plan_lines
 from align.models.memory import format_bytes
 from align.models.precision import PURE, PURE_RISK, describe
@@ -66,17 +68,22 @@ def held_out_source(stage) -> str | None:
     if data.eval == NO_EVAL:
         return "nothing (eval: none)"
     if data.eval is None:
+        rows = "each source's rows" if data.is_mixture else "the training rows"
         return (
-            f"a seeded {HELD_OUT_SHARE:.0%} of the training rows (at most {HELD_OUT_ROWS}), kept out of "
+            f"a seeded {HELD_OUT_SHARE:.0%} of {rows} (at most {HELD_OUT_ROWS}), kept out of "
             "training (no eval split given)"
         )
     return f"the eval split {data.eval}"
 
 
-def rows_conversion(stage: StagePlan) -> str | None:
-    """What is done to a training stage's rows before training (align/data/shapes.py), or None."""
+def data_lines(stage: StagePlan) -> list[str]:
+    """What is done to a stage's rows before training (align/data/shapes.py); for a mixture, how its sources
+    are mixed and each one's rows and share (align/data/sources.py)."""
     data = getattr(stage.stage, "data", None)
-    return None if data is None else data_shape(getattr(data, "prompts", None) or data.train, data.columns)
+    if data is not None and getattr(data, "is_mixture", False):
+        return source_lines(data, stage.data_kind)
+    shape = None if data is None else data_shape(getattr(data, "prompts", None) or data.train, data.columns)
+    return [] if shape is None else [f"data: {shape}"]
 
 
 def precision_as_run(stage: StagePlan) -> str:
@@ -99,14 +106,17 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"    why {stage.backend}: {stage.backend_reason}")
         if (held_out := held_out_source(stage)) is not None:
             lines.append(f"    held out: {held_out}")
-        if (shape := rows_conversion(stage)) is not None:
-            lines.append(f"    data: {shape}")
+        lines += [f"    {line}" for line in data_lines(stage)]
         if stage.batching is not None:
             lines.append(f"    batching: {stage.batching[0]} ({stage.batching[1]})")
+        if (counts := recalled(lengths_path(stage))) is not None:
+            lines += [f"    rows: {line}" for line in counts.lines()]
         if stage.lora_targets is not None:
             lines.append(f"    lora targets: {stage.lora_targets.summary}")
         if getattr(stage.stage, "data", None) is not None or stage.chat_template is not None:
             lines += [f"    {line}" for line in plan_lines(stage.chat_template, stage.model_source)]
+        if stage.lm_head is not None:
+            lines.append(f"    lm head: {stage.lm_head.summary}")
         if stage.resources is not None:
             lines.append(f"    resources: {stage.resources.describe()}")
         if stage.precision == PURE:

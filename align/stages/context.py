@@ -14,7 +14,7 @@ import torch
 
 from align.backends import BACKENDS, Backend
 from align.config.secrets import is_secret_name
-from align.data.loading import HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL, load_data
+from align.data.mixtures import stage_rows
 from align.errors import StageFailed
 from align.models.architectures import LoraTargets
 from align.models.chat_templates import apply as apply_template
@@ -26,6 +26,7 @@ from align.planning.placement import REFERENCE_COPY
 from align.planning.plan import ModelInput, StagePlan
 from align.stages.checkpointing import checkpoint_callbacks
 from align.stages.checkpoints import CHECKPOINTS, KEEP
+from align.stages.lm_head import lm_head_callbacks
 from align.stages.progress import ProgressFile
 from align.stages.resident import ReleaseMappedPages
 
@@ -76,11 +77,13 @@ class StageContext:
         return DTYPES[self.plan.trainable_dtype]
 
     def callbacks(self) -> list[Any]:
-        """The backend's trainer callbacks, writing under the stage's logs/, then align's: the progress
-        file, and the checkpoint timer and completion marker (last, once the backend has saved its part)."""
+        """The backend's trainer callbacks, writing under the stage's logs/, then align's: the plan's LM-head
+        path, the progress file, and the checkpoint timer and completion marker (last, once the backend has
+        saved its part)."""
         logs = self.output_dir / "logs"
         return [
             *self.backend.callbacks(self.plan, logs),
+            *lm_head_callbacks(self.plan),
             ProgressFile(logs),
             ReleaseMappedPages(),
             *checkpoint_callbacks(self.plan.checkpoint_minutes),
@@ -183,13 +186,16 @@ def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
 def peft_config(plan: StagePlan, tokenizer: Any = None):
     """PEFT's LoraConfig for a stage's `lora:` block, on the targets the plan resolved against the model
     (MoE weights through `target_parameters`); TRL applies it and handles 4-bit preparation. With a chat
-    template and the stage's `tokenizer`, the embedding rows of the template's special tokens train too."""
+    template and the stage's `tokenizer`, the embedding rows of the template's special tokens train too, where
+    the plan says they do (align/planning/lora.py)."""
     lora = plan.stage.lora
     if lora is None:
         return None
     from peft import LoraConfig
 
     targets = plan.lora_targets or LoraTargets(lora.target_modules)  # a plan built before resolving
+    trains_rows = plan.lm_head is not None and plan.lm_head.template_rows
+    rows = template_token_ids(plan.chat_template, tokenizer) if trains_rows else []
     modules = targets.modules if isinstance(targets.modules, str) else list(targets.modules)
     return LoraConfig(
         r=lora.r,
@@ -197,29 +203,20 @@ def peft_config(plan: StagePlan, tokenizer: Any = None):
         lora_dropout=lora.dropout,
         target_modules=modules or None,
         target_parameters=list(targets.parameters) or None,
-        trainable_token_indices=template_token_ids(plan.chat_template, tokenizer) or None,
+        trainable_token_indices=rows or None,
         task_type="CAUSAL_LM",
     )
 
 
 def stage_data(ctx: StageContext) -> tuple[Any, Any]:
-    """Train and held-out datasets of the plan's data kind, trimmed to the row limits the stage sets.
+    """Train and held-out datasets of the plan's data kind, trimmed to the row limits the stage sets, from
+    its one source or its mixture (align/data/mixtures.py: `stage_rows` also names each row's source).
 
-    Without an eval split, a deterministic slice of the training rows (5%, at most 64) is held out of
+    Without an eval split, a deterministic slice of each source's rows (5%, at most 64) is held out of
     training and measured instead: numbers called held out never come from rows trained on. `eval: none`
     turns the held-out measurement off."""
-    stage, kind, where = ctx.plan.stage, ctx.plan.data_kind, ctx.plan.where
-    train = explicit_prompt(load_data(stage.data.train, kind, f"{where}.data.train", stage.data.columns))
-    if stage.data.max_train_rows:
-        train = train.select(range(min(stage.data.max_train_rows, len(train))))
-    if stage.data.eval == NO_EVAL:
-        return train, None
-    if stage.data.eval is None:
-        return held_out_slice(train, ctx.plan.seed)
-    evaluation = explicit_prompt(load_data(stage.data.eval, kind, f"{where}.data.eval", stage.data.columns))
-    if stage.data.max_eval_rows:
-        evaluation = evaluation.select(range(min(stage.data.max_eval_rows, len(evaluation))))
-    return train, evaluation
+    rows = stage_rows(ctx.plan.stage.data, ctx.plan.data_kind, ctx.plan.seed, ctx.plan.where)
+    return explicit_prompt(rows.train), None if rows.held_out is None else explicit_prompt(rows.held_out)
 
 
 CHECKPOINT_DEFAULTS = {"save_total_limit": KEEP}
@@ -228,15 +225,6 @@ REPORT_DEFAULTS = {"report_to": ["tensorboard"]}
 """Unless the `trl:` block sets `report_to` (W&B, MLflow... as in TRL, their keys from the environment):
 TensorBoard event files under the stage's `logs/tensorboard/`."""
 TENSORBOARD_FOLDER = "tensorboard"
-
-
-def held_out_slice(train: Any, seed: int) -> tuple[Any, Any]:
-    """(the rows to train on, a seeded slice of the others to measure on); no slice from a tiny set."""
-    if len(train) < HELD_OUT_MIN_TRAIN:
-        return train, None
-    size = min(HELD_OUT_ROWS, max(1, round(len(train) * HELD_OUT_SHARE)))
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
-    return train.select(sorted(order[size:])), train.select(sorted(order[:size]))
 
 
 def explicit_prompt(dataset: Any) -> Any:
