@@ -45,6 +45,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    import warnings
+
+    from align.report.rows_view import format_preview, preview
+
+    # TRL's configs set `gradient_checkpointing`, which transformers now warns is renamed: not the user's
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    plan = build_plan(args)
+    found = preview(plan, args.stage, None if args.all else args.rows, colour=sys.stdout.isatty())
+    print(format_preview(found))
+    return 0
+
+
 def resume_options(args: argparse.Namespace) -> list[str]:
     """The options that rerun what an interrupted `align run` was running: its stage selection and
     settings, and its forced (or restarted) stages forced again, which picks up their kept attempts."""
@@ -255,6 +268,12 @@ def parser() -> argparse.ArgumentParser:
         return sub
 
     pipeline_command("validate", cmd_validate, "check a pipeline file without loading anything")
+    data = pipeline_command(
+        "data", cmd_data, "a stage's rows as its trainer sees them, loss-bearing tokens marked, and lengths"
+    )
+    data.add_argument("--stage", help="the stage whose rows to show (default: the first that reads rows)")
+    data.add_argument("--rows", type=int, default=3, help="how many rows to show (default 3)")
+    data.add_argument("--all", action="store_true", help="show every row")
     for name, handler, help_text in (
         ("plan", cmd_plan, "show stages, backends, placement and memory per rank"),
         ("run", cmd_run, "run the pipeline (an embedded Ray unless --address)"),

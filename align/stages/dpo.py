@@ -57,6 +57,7 @@ def run(ctx: StageContext) -> StageResult:
         held_out=measure,
         sample_prompts=start.sample_prompts(),
         run_metrics=waited.split if in_actor else dict,
+        counts=start.counts,
     )
     return train_stage(ctx, training)
 

@@ -43,8 +43,7 @@ def run(ctx: StageContext) -> StageResult:
     trainer = KTOTrainer(
         ref_model=frozen_reference(ctx),  # None: TRL disables the adapters, or precomputes
         **{
-            **start.trainer_kwargs(),
-            "train_dataset": unpaired(train),
+            **start.trainer_kwargs(train=unpaired(train)),
             "eval_dataset": None if held_out is None else unpaired(held_out),
         },
     )
@@ -63,7 +62,13 @@ def run(ctx: StageContext) -> StageResult:
     measure = scores if held_out is not None else no_measure
     prompts = start.sample_prompts()
     training = Training(
-        trainer, tokenizer, start.output, held_out=measure, curves=curves, sample_prompts=prompts
+        trainer,
+        tokenizer,
+        start.output,
+        held_out=measure,
+        curves=curves,
+        sample_prompts=prompts,
+        counts=start.counts,
     )
     return train_stage(ctx, training)
 

@@ -6,7 +6,7 @@ own (the trainer class, its extra arguments, what it measures).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from align.pipeline.trl_args import config_class, field_types
@@ -18,6 +18,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
+from align.stages.prepared import counted_lengths, refuse_empty_rows
 from align.stages.progress import note_phase
 from align.stages.samples import sample_prompts
 
@@ -29,6 +30,8 @@ class Preamble:
     evaluation: Any  # None: nothing held out
     config: Any  # TRL's config class of the stage's kind
     tokenizer: Any
+    counts: dict[str, float] = field(default_factory=dict)
+    """What `max_length` does to the rows (align/data/lengths.py), once `trainer_kwargs` counted them."""
 
     @property
     def output(self) -> str:
@@ -48,12 +51,18 @@ class Preamble:
     def peft_config(self) -> Any:
         return peft_config(self.ctx.plan)
 
-    def trainer_kwargs(self, model: Any = None) -> dict[str, Any]:
-        """The arguments every TRL trainer takes alike; `model` defaults to `load_model()`."""
+    def trainer_kwargs(self, model: Any = None, train: Any = None) -> dict[str, Any]:
+        """The arguments every TRL trainer takes alike; `model` defaults to `load_model()`, `train` (the
+        rows as the trainer takes them) to the stage's. The rows are counted first, before the model loads:
+        a stage whose cut leaves too many of them nothing to learn stops here."""
+        train = self.train if train is None else train
+        lengths = counted_lengths(self.ctx, train, self.tokenizer, self.config)
+        refuse_empty_rows(self.ctx.plan, lengths)
+        self.counts = lengths.metrics() if lengths is not None else {}
         return {
             "model": self.load_model() if model is None else model,
             "args": self.config,
-            "train_dataset": self.train,
+            "train_dataset": train,
             "eval_dataset": self.evaluation,
             "processing_class": self.tokenizer,
             "callbacks": self.ctx.callbacks(),

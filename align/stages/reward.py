@@ -88,4 +88,6 @@ def run(ctx: StageContext) -> StageResult:
             trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(folder))
 
     measure = accuracy if held_out is not None else no_measure
-    return train_stage(ctx, Training(trainer, tokenizer, "model", held_out=measure, save=save))
+    return train_stage(
+        ctx, Training(trainer, tokenizer, "model", held_out=measure, save=save, counts=start.counts)
+    )

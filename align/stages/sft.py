@@ -18,8 +18,9 @@ def run(ctx: StageContext) -> StageResult:
     evaluation = start.evaluation
     before = evaluation is not None
     padding_free = ctx.plan.batching is not None and ctx.plan.batching[0] == PADDING_FREE
+    kwargs = start.trainer_kwargs()  # counts the rows at the stage's max_length, before it is lifted
     limit = without_length_limit(start.config) if padding_free else (None, "")
-    trainer = SFTTrainer(**start.trainer_kwargs())
+    trainer = SFTTrainer(**kwargs)
     trainer.train_dataset = truncated(trainer.train_dataset, *limit)
     trainer.eval_dataset = truncated(trainer.eval_dataset, *limit)
 
@@ -33,6 +34,11 @@ def run(ctx: StageContext) -> StageResult:
         return {"eval_loss_before": logged, **after}
 
     training = Training(
-        trainer, start.tokenizer, start.output, held_out=eval_loss, sample_prompts=start.sample_prompts()
+        trainer,
+        start.tokenizer,
+        start.output,
+        held_out=eval_loss,
+        sample_prompts=start.sample_prompts(),
+        counts=start.counts,
     )
     return train_stage(ctx, training)

@@ -38,6 +38,7 @@ class Training:
     sample_prompts: held-out prompts whose greedy completions are recorded before and after training.
     sampler: the model that completes them; default `trainer.model` (none for a reward model: it scores).
     run_metrics(): figures of the training run itself, read after it (PPO's time split).
+    counts: what `max_length` did to the rows (`Preamble.counts`), recorded as they were counted.
     """
 
     trainer: Any
@@ -50,6 +51,7 @@ class Training:
     sample_prompts: list[Any] = field(default_factory=list)
     sampler: Any = None
     run_metrics: Callable[[], dict[str, float]] = dict
+    counts: dict[str, float] = field(default_factory=dict)
 
 
 def train_stage(ctx: StageContext, training: Training) -> StageResult:
@@ -76,6 +78,7 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     metrics["reference_copy_loaded"] = float(getattr(trainer, "ref_model", None) is not None)
     metrics.update(step_seconds(trainer))
     metrics.update(training.run_metrics())
+    metrics.update(training.counts)
     folder = ctx.output_dir / training.output
     if training.save is not None:
         training.save(folder)

@@ -1,0 +1,224 @@
+"""`align data`: a stage's rows exactly as its trainer will see them, with the tokens that carry loss marked,
+and what `max_length` does to the whole file.
+
+The rows are the trainer's own preparation (align/stages/prepared.py: TRL's `_prepare_dataset` with the
+stage's tokenizer, template and config), decoded token by token: nothing here renders a template itself, so
+the preview cannot disagree with training. Loss-bearing tokens are green on a terminal and `[[...]]` in
+plain text; the tokens `max_length` cuts are left out and counted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from align.data.lengths import IGNORED, LengthReport, lengths_path, remember
+from align.errors import AlignError, ConfigError, Problem
+from align.models.loading import resolve_model
+from align.pipeline.graph import reference_target
+from align.planning.plan import ModelInput, Plan, StageInputs, StagePlan, root_model
+from align.run.inputs import resolve_inputs
+from align.run.records import stage_dir
+
+MARKS = {False: ("[[", "]]"), True: ("\033[1;32m", "\033[0m")}
+"""How loss-bearing tokens are set apart: in plain text, and on a terminal (bold green)."""
+PROMPT_KINDS = ("grpo", "rloo", "ppo")
+
+
+@dataclass
+class Preview:
+    stage: StagePlan
+    note: str | None  # how the tokenizer was found when an upstream stage has not run
+    rows: list[str]  # each row rendered, several lines each
+    report: LengthReport | None
+    total: int
+    problem: str | None = None  # the stage would stop here before training (too many rows emptied)
+    marks: tuple[str, str] = MARKS[False]
+
+
+def default_stage(plan: Plan) -> str:
+    """The first stage that reads training rows."""
+    named = [name for name in plan.order if previewable(plan.stages[name])]
+    if not named:
+        raise ConfigError([Problem("stages", "no stage of this pipeline reads training rows (`data.train`)")])
+    return named[0]
+
+
+def previewable(stage: StagePlan) -> bool:
+    from align.stages.prepared import TRAINERS
+
+    return stage.kind in TRAINERS or stage.kind in PROMPT_KINDS
+
+
+def with_inputs(plan: Plan, name: str) -> tuple[StagePlan, str | None]:
+    """The stage with its inputs resolved as a run would; when a stage it reads has not run, the root model
+    with the nearest chat template along the chain (what that stage saves beside its output)."""
+    stage = plan.stages[name]
+    pipeline = plan.pipeline
+    folders = {other: stage_dir(pipeline.defaults.output_root, pipeline.name, other) for other in plan.stages}
+    try:
+        return replace(stage, inputs=resolve_inputs(stage, folders)), None
+    except AlignError:
+        pass
+    chain, value = [], stage.model_source
+    while (target := reference_target(value)) in plan.stages:
+        chain.append(target)
+        value = plan.stages[target].model_source
+    template = next(
+        (plan.stages[step].chat_template for step in [name, *chain] if plan.stages[step].chat_template), None
+    )
+    base = root_model(pipeline, name)
+    inputs = StageInputs(ModelInput(resolve_model(base, f"stages.{name}.model")))
+    note = f"{chain[0]} has not run: the rows are shown with {base}'s tokenizer" + (
+        f" and the chat template {template.source}" if template else ""
+    )
+    return replace(stage, chat_template=template, inputs=inputs), note
+
+
+def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Preview:
+    """The first `count` training rows of stage `name` (None: every row) as its trainer sees them, and the
+    counts over all of them (kept for `align plan`)."""
+    from align.stages.context import StageContext, stage_config, stage_data, stage_tokenizer
+    from align.stages.prepared import counted_lengths, cut, empty_rows_problem, prepare
+
+    name = name or default_stage(plan)
+    if name not in plan.stages:
+        raise ConfigError([Problem("--stage", f"no stage {name!r}; the stages are: {', '.join(plan.order)}")])
+    if not previewable(plan.stages[name]):
+        readers = [other for other in plan.order if previewable(plan.stages[other])]
+        raise ConfigError(
+            [
+                Problem(
+                    f"stages.{name}",
+                    f"a {plan.stages[name].kind} stage reads no training rows; "
+                    f"stages that do: {', '.join(readers) or 'none'}",
+                )
+            ]
+        )
+    stage, note = with_inputs(plan, name)
+    with tempfile.TemporaryDirectory(prefix="align-data-") as scratch:
+        ctx = StageContext(stage, Path(scratch))
+        train, _ = stage_data(ctx)
+        side = "left" if stage.kind in ("dpo", *PROMPT_KINDS) else "right"
+        tokenizer = stage_tokenizer(ctx, padding_side=side)
+        config = stage_config(ctx)
+    shown = range(len(train) if count is None else min(count, len(train)))
+    if stage.kind in PROMPT_KINDS:
+        rows = [render_prompt(index, train[index], tokenizer) for index in shown]
+        return Preview(stage, note, rows, None, len(train))
+    if stage.kind == "kto":
+        from align.stages.kto import prompted, unpaired
+
+        train = unpaired(prompted(train, f"{stage.where}.data.train"))
+    report = counted_lengths(ctx, train, tokenizer, config)
+    remember(lengths_path(plan.stages[name]), report)  # under the plan's own key, which `align plan` reads
+    prepared = prepare(stage.kind, train, tokenizer, config)
+    marks = MARKS[colour]
+    rows = [render(stage.kind, index, prepared[index], tokenizer, cut(config), marks) for index in shown]
+    return Preview(stage, note, rows, report, len(train), empty_rows_problem(stage, report), marks)
+
+
+def decoded(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def marked(tokenizer: Any, ids: list[int], bearing: list[bool], marks: tuple[str, str]) -> str:
+    """The tokens decoded run by run, each run of loss-bearing tokens between `marks`."""
+    pieces, start = [], 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or bearing[end] != bearing[start]:
+            text = decoded(tokenizer, ids[start:end])
+            if bearing[start]:  # a newline the template ends a turn with closes after the mark
+                body = text.rstrip("\n")
+                text = f"{marks[0]}{body}{marks[1]}{text[len(body) :]}"
+            pieces.append(text)
+            start = end
+    return "".join(pieces)
+
+
+def cut_note(length: int, limit: int | None) -> str:
+    return (
+        f"\n  (cut: {length - limit:,} tokens past max_length {limit:,} not trained on)"
+        if limit and length > limit
+        else ""
+    )
+
+
+def render(
+    kind: str,
+    index: int,
+    row: dict[str, Any],
+    tokenizer: Any,
+    limits: tuple[int | None, str],
+    marks: tuple[str, str],
+) -> str:
+    """One prepared row as the trainer sees it, after the cut (`limits`: max_length and the end it keeps)."""
+    limit, mode = limits
+    if kind == "sft":
+        ids, labels = row["input_ids"], row["labels"]
+        kept = slice(-limit, None) if limit and mode == "keep_end" else slice(None, limit)
+        bearing = [label != IGNORED for label in labels[kept]]
+        header = f"row {index}: {len(ids):,} tokens, {sum(bearing):,} loss-bearing"
+        return (
+            f"{header}\n{indented(marked(tokenizer, ids[kept], bearing, marks))}{cut_note(len(ids), limit)}"
+        )
+    if kind == "reward":
+        parts = [f"row {index}: scored at the last token of each"]
+        for side in ("chosen", "rejected"):
+            ids = row[f"{side}_ids"]
+            dropped = " (dropped: longer than max_length)" if limit and len(ids) > limit else ""
+            parts.append(f"  {side} ({len(ids):,} tokens){dropped}:\n{indented(decoded(tokenizer, ids), 4)}")
+        return "\n".join(parts)
+    prompt = row["prompt_ids"]
+    sides = ("chosen", "rejected") if kind == "dpo" else ("completion",)
+    label = f", label {'desirable' if row['label'] else 'undesirable'}" if kind == "kto" else ""
+    parts = [
+        f"row {index}{label}:",
+        f"  prompt ({len(prompt):,} tokens):\n{indented(decoded(tokenizer, prompt[:limit]), 4)}",
+    ]
+    for side in sides:
+        ids = row[f"{side}_ids"]
+        room = None if limit is None else max(0, limit - len(prompt))
+        text = (
+            marked(tokenizer, ids[:room], [True] * len(ids[:room]), marks) if ids[:room] else "(nothing left)"
+        )
+        parts.append(
+            f"  {side} ({len(ids):,} tokens):\n{indented(text, 4)}{cut_note(len(prompt) + len(ids), limit)}"
+        )
+    return "\n".join(parts)
+
+
+def render_prompt(index: int, row: dict[str, Any], tokenizer: Any) -> str:
+    """A prompt as an RL trainer renders it for generation (TRL's `maybe_apply_chat_template`): the
+    completions it samples carry the loss, the prompt none."""
+    from trl.data_utils import maybe_apply_chat_template
+
+    text = maybe_apply_chat_template({"prompt": row["prompt"]}, tokenizer)["prompt"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    header = f"row {index}: prompt of {len(ids):,} tokens (the sampled completions carry the loss)"
+    return f"{header}\n{indented(text)}"
+
+
+def indented(text: str, by: int = 2) -> str:
+    return "\n".join((" " * by + line).rstrip() for line in text.rstrip("\n").split("\n"))
+
+
+def format_preview(found: Preview) -> str:
+    """The rows, then the counts over the file."""
+    stage = found.stage
+    lines = [
+        f"stage {stage.name} ({stage.kind}): {len(found.rows):,} of {found.total:,} training rows, "
+        "as its trainer sees them"
+    ]
+    if found.note:
+        lines.append(f"note: {found.note}")
+    if stage.kind not in PROMPT_KINDS:
+        lines.append(f"loss-bearing tokens are marked {found.marks[0]}like this{found.marks[1]}")
+    lines += ["", *("\n".join([row, ""]) for row in found.rows)]
+    if found.report is not None:
+        lines += ["over the whole file:", *(f"  {line}" for line in found.report.lines())]
+    if found.problem:
+        lines.append(f"this stage would stop before training: {found.problem}")
+    return "\n".join(lines)
