@@ -30,7 +30,7 @@ PROMPT_KINDS = ("grpo", "rloo", "ppo")
 @dataclass
 class Preview:
     stage: StagePlan
-    note: str | None  # how the tokenizer was found when an upstream stage has not run
+    notes: list[str]  # how the tokenizer was found when an upstream stage has not run; what trains
     rows: list[str]  # each row rendered, several lines each
     report: LengthReport | None
     total: int
@@ -98,6 +98,7 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
             ]
         )
     stage, note = with_inputs(plan, name)
+    notes = [note] if note else []
     with tempfile.TemporaryDirectory(prefix="align-data-") as scratch:
         ctx = StageContext(stage, Path(scratch))
         train, _ = stage_data(ctx)
@@ -107,7 +108,7 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
     shown = range(len(train) if count is None else min(count, len(train)))
     if stage.kind in PROMPT_KINDS:
         rows = [render_prompt(index, train[index], tokenizer) for index in shown]
-        return Preview(stage, note, rows, None, len(train))
+        return Preview(stage, notes, rows, None, len(train))
     if stage.kind == "kto":
         from align.stages.kto import prompted, unpaired
 
@@ -115,9 +116,14 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
     report = counted_lengths(ctx, train, tokenizer, config)
     remember(lengths_path(plan.stages[name]), report)  # under the plan's own key, which `align plan` reads
     prepared = prepare(stage.kind, train, tokenizer, config)
+    if stage.kind == "sft" and "messages" in train.column_names and not config.assistant_only_loss:
+        notes.append(
+            "every token of each conversation carries loss, the user's turns (and any system turn the "
+            "template adds) too: set trl.assistant_only_loss: true to train on the assistant's turns only"
+        )
     marks = MARKS[colour]
     rows = [render(stage.kind, index, prepared[index], tokenizer, cut(config), marks) for index in shown]
-    return Preview(stage, note, rows, report, len(train), empty_rows_problem(stage, report), marks)
+    return Preview(stage, notes, rows, report, len(train), empty_rows_problem(stage, report), marks)
 
 
 def decoded(tokenizer: Any, ids: list[int]) -> str:
@@ -212,8 +218,7 @@ def format_preview(found: Preview) -> str:
         f"stage {stage.name} ({stage.kind}): {len(found.rows):,} of {found.total:,} training rows, "
         "as its trainer sees them"
     ]
-    if found.note:
-        lines.append(f"note: {found.note}")
+    lines += [f"note: {note}" for note in found.notes]
     if stage.kind not in PROMPT_KINDS:
         lines.append(f"loss-bearing tokens are marked {found.marks[0]}like this{found.marks[1]}")
     lines += ["", *("\n".join([row, ""]) for row in found.rows)]
