@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from align.config.data_settings import DataSpec
 from align.config.eval_settings import EvalDataSpec, GenerationSpec, LmEvalSpec
 from align.config.placement import ReferenceSpec
 from align.config.strict import Strict
@@ -45,38 +46,6 @@ class LoraSpec(Strict):
         if not targets:
             raise ValueError("name at least one module, or 'all-linear'")
         return targets
-
-
-class DataSpec(Strict):
-    """A stage's data: a builtin (`align:...`), a jsonl/parquet file, or a `datasets` folder."""
-
-    train: str
-    eval: str | None = None  # None: a held-out slice of train (align/stages/context.py); "none": no held-out
-    max_train_rows: Annotated[int, Field(gt=0)] | None = None
-    max_eval_rows: Annotated[int, Field(gt=0)] | None = None
-    columns: dict[str, str] = {}
-    """Renames applied to every row before anything reads it, {name in the file: name align reads}, e.g.
-    {question: prompt, answer: completion} (align/data/shapes.py)."""
-
-    @field_validator("columns")
-    @classmethod
-    def one_name_each(cls, columns: dict[str, str]) -> dict[str, str]:
-        if blank := [old for old, new in columns.items() if not old.strip() or not new.strip()]:
-            raise ValueError(f"{blank[0]!r}: give both the file's column name and the name align reads")
-        targets = list(columns.values())
-        if twice := sorted({new for new in targets if targets.count(new) > 1}):
-            raise ValueError(
-                f"several columns are renamed to {', '.join(map(repr, twice))}: rename one to each"
-            )
-        return columns
-
-    @model_serializer(mode="wrap")
-    def without_no_renames(self, handler: Any) -> Any:
-        """No `columns` key when nothing is renamed, so stages recorded before it existed stay up to date."""
-        dumped = handler(self)
-        if not self.columns and isinstance(dumped, dict):
-            dumped.pop("columns", None)
-        return dumped
 
 
 class Zero2Spec(Strict):

@@ -1,14 +1,16 @@
 """Datasets for stages, in TRL's standard or conversational formats.
 
-A ref is a builtin (`align:chatterbot/sft/train`), a .jsonl/.json/.parquet file, or a folder written
-by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict). `align.data.scan` checks every row
-before anything loads.
+A ref is a builtin (`align:chatterbot/sft/train`), a .jsonl/.json/.parquet/.csv/.tsv file, a folder
+written by `datasets`' `save_to_disk` (`folder@split` for a DatasetDict), or a hub dataset
+(`hf:org/name[:config]@split[#revision]`, align/data/hub.py). `align.data.scan` checks every row before
+anything loads; a stage's list of sources is mixed by align/data/mixtures.py.
 
-Files load through `datasets`' own json and parquet builders into Arrow files under `datasets_cache()`, and
-are memory-mapped from there: a rank holds the rows it reads, not the file, and every later `map` over them
-(align's conversions, TRL's tokenization, the padding-free cut) is written beside them as a cache file keyed
-by its fingerprint. A rerun, a `--force`, a retry, another stage reading the file the same way, or another
-rank (TRL prepares on the main rank first) then reads what was prepared instead of preparing it again.
+Files load through `datasets`' own json, parquet and csv builders into Arrow files under
+`datasets_cache()`, and are memory-mapped from there: a rank holds the rows it reads, not the file, and
+every later `map` over them (align's conversions, TRL's tokenization, the padding-free cut) is written
+beside them as a cache file keyed by its fingerprint. A rerun, a `--force`, a retry, another stage reading
+the file the same way, or another rank (TRL prepares on the main rank first) then reads what was prepared
+instead of preparing it again.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from align.cache import cache_root, exists, is_dir, user_path
-from align.data.building import build_apart
+from align.data.building import DELIMITERS, arrow_builder, build_apart
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
+from align.data.hub import HUB_FORM, HUB_PREFIX, hub_rows, local_copy, parse_hub_ref, resolved
 from align.data.mapped_pages import release_pages_on_open
 from align.data.rows import row_source
 from align.data.shapes import Normalizer, RowProblem, detect, suggest_columns
@@ -32,7 +35,6 @@ NO_EVAL = "none"  # `eval: none`: no held-out measurement at all
 HELD_OUT_SHARE = 0.05  # without an eval split, this share of train is held out of training and measured
 HELD_OUT_ROWS = 64  # at most: held-out scoring runs before and after training
 HELD_OUT_MIN_TRAIN = 40  # rows below which nothing is held out: the slice would starve training
-HUB_PREFIX = "hf:"  # hf:org/name@split: a hub dataset, loaded where a hub is reachable
 PAIRED = [("prompt", "chosen", "rejected"), ("chosen", "rejected")]
 DATA_COLUMNS: dict[str, list[tuple[str, ...]]] = {
     "sft": [("messages",), ("text",), ("prompt", "completion")],
@@ -41,9 +43,10 @@ DATA_COLUMNS: dict[str, list[tuple[str, ...]]] = {
     "prompts": [("prompt",)],
 }
 """Each data kind (the kinds table's `data`) and the column sets of TRL's formats that it accepts."""
+FILE_TYPES = (".jsonl", ".json", ".parquet", *DELIMITERS)
 FORMATS = (
-    "give a .jsonl, .json or .parquet file, a `datasets` save_to_disk folder (folder@split for a "
-    f"DatasetDict), or a builtin: {', '.join([*BUILTIN_DATA, *TOY_DATA])}"
+    "give a .jsonl, .json, .parquet, .csv or .tsv file, a `datasets` save_to_disk folder (folder@split for "
+    f"a DatasetDict), a hub dataset as {HUB_FORM}, or a builtin: {', '.join([*BUILTIN_DATA, *TOY_DATA])}"
 )
 
 
@@ -83,7 +86,7 @@ def locate(ref: str) -> Path:
         return dataset_folder(path, split, ref)
     if split is not None:
         raise DataError(f"{ref}: a @split suffix only applies to a `datasets` DatasetDict folder")
-    if path.suffix not in (".jsonl", ".json", ".parquet"):
+    if path.suffix not in FILE_TYPES:
         raise DataError(f"{ref} is not a format align reads; {FORMATS}")
     return path
 
@@ -117,7 +120,7 @@ def load_data(ref: str, kind: str, field: str, columns: dict[str, str] | None = 
     converted (align/data/shapes.py), checked to have the columns a `kind` stage needs."""
     path = None if ref.startswith(HUB_PREFIX) else resolve_data(ref, field)
     try:
-        dataset = hub_dataset(ref) if path is None else read_dataset(path, ref)
+        dataset = hub_rows(ref) if path is None else read_dataset(path, ref)
         dataset = normalized(dataset, ref, columns or {})
     except DataError as error:
         raise DataError(f"{field}: {error}") from None
@@ -148,20 +151,29 @@ def normalized(dataset: Any, ref: str, columns: dict[str, str]) -> Any:
     )
 
 
-def hub_dataset(ref: str) -> Any:
-    """A hub dataset (`hf:org/name@split`, split `train` by default); its columns are checked on load."""
-    from datasets import load_dataset
-
-    name, _, split = ref[len(HUB_PREFIX) :].partition("@")
-    try:
-        return load_dataset(name, split=split or "train")
-    except Exception as error:  # noqa: BLE001 - offline, unknown name, unknown split: all user-facing
-        raise DataError(f"{ref} cannot be loaded from the hub: {error}") from None
-
-
 def data_identity(ref: str, field: str) -> str:
-    """What says a dataset changed: its bytes' hash, or for a hub dataset its name (hubs version it)."""
-    return ref if ref.startswith(HUB_PREFIX) else file_digest(resolve_data(ref, field))
+    """What says a dataset changed: its bytes' hash, or for a hub dataset the ref pinned to the commit the
+    hub serves now (or, with no hub, the one cached here)."""
+    if not ref.startswith(HUB_PREFIX):
+        return file_digest(resolve_data(ref, field))
+    try:
+        return str(resolved(ref))
+    except DataError as error:
+        raise DataError(f"{field}: {error}") from None
+
+
+def hub_problem(ref: str, kind: str, columns: dict[str, str]) -> str | None:
+    """What can be said of a hub ref with no hub: its form, and, where a copy is cached here, its split and
+    columns (after `columns`' renames). An uncached one is left to the stage, which loads it."""
+    try:
+        copy = local_copy(hub := parse_hub_ref(ref))
+    except DataError as error:
+        return str(error)
+    if copy is None:
+        return None
+    if hub.split not in copy.splits:
+        return f"{ref} has no split {hub.split!r} in its cached copy; it has: {', '.join(copy.splits)}"
+    return column_problem(ref, [columns.get(name, name) for name in copy.features], kind)
 
 
 def datasets_cache() -> Path:
@@ -184,10 +196,10 @@ def read_dataset(path: Path, ref: str) -> Any:
     try:
         if is_dir(path):
             return load_from_disk(str(path))
-        builder, cache = ("parquet" if path.suffix == ".parquet" else "json"), datasets_cache()
-        build_apart(builder, path, cache)
-        return load_dataset(builder, data_files=str(path), split="train", cache_dir=str(cache))
-    except (OSError, pyarrow.ArrowException, DatasetGenerationError) as error:
+        (builder, options), cache = arrow_builder(path), datasets_cache()
+        build_apart(path, cache)
+        return load_dataset(builder, data_files=str(path), split="train", cache_dir=str(cache), **options)
+    except (OSError, ValueError, pyarrow.ArrowException, DatasetGenerationError) as error:
         raise DataError(
             first_bad_row(path, ref) or f"{ref} cannot be read: {error.__cause__ or error}"
         ) from None
@@ -197,14 +209,20 @@ def first_bad_row(path: Path, ref: str) -> str | None:
     """Where a file `datasets` could not load breaks, by its line (the scan does this for `align validate`;
     this is for a file loaded without one)."""
     place, _, rows = row_source(path, SimpleNamespace(update=lambda _: None))
-    for where, row, error in rows:
-        if error is not None:
-            return (
-                f"{ref} {place} {where} is not valid JSON ({error}); each {place} must hold one JSON object"
-            )
-        if not isinstance(row, dict):
-            return f"{ref} {place} {where} is a JSON {type(row).__name__}; each {place} must be an object"
+    try:
+        for where, row, error in rows:
+            if error is not None or not isinstance(row, dict):
+                return bad_row(ref, place, where, row, error)
+    except DataError as error:  # a CSV line that does not fit its header, a broken JSON array
+        return f"{ref} {error}"
     return None
+
+
+def bad_row(ref: str, place: str, where: str, row: Any, error: str | None) -> str:
+    """A row that is not a JSON object, in words."""
+    if error is not None:
+        return f"{ref} {place} {where} is not valid JSON ({error}); each {place} must hold one JSON object"
+    return f"{ref} {place} {where} is a JSON {type(row).__name__}; each {place} must be an object"
 
 
 def missing_columns(columns: list[str], kind: str) -> list[str]:

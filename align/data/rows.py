@@ -1,13 +1,17 @@
 """A data file's rows, one at a time, never the whole file in memory: jsonl line by line, a JSON array
-item by item, parquet files and `datasets` folders as Arrow record batches (pyarrow imported only here).
+item by item, CSV and TSV records by the `csv` module, parquet files and `datasets` folders as Arrow record
+batches (pyarrow imported only here).
 
-Each row comes with its place: jsonl lines count from 1, as editors do; JSON array items and parquet or
-`datasets` rows count from 0, as Python, pandas and `datasets` do. Each reader advances a progress `bar`
+Each row comes with its place: jsonl and CSV lines count from 1, as editors do (a CSV's header is line 1,
+and a record that spans lines is at its first); JSON array items and parquet or `datasets` rows count from
+0, as Python, pandas and `datasets` do. A CSV cell holds text, and an empty one is missing, as the loader
+reads it (align/data/building.py). Each reader advances a progress `bar`
 (a tqdm, or anything with `update`, `total` and `unit`).
 """
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import re
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from align.cache import is_dir
+from align.data.building import DELIMITERS
 from align.errors import DataError
 
 CHUNK = 1 << 20
@@ -32,6 +37,8 @@ def row_source(path: Path, bar: Any) -> tuple[str, list[str] | None, Iterator[Ro
         return ("row", *arrow_source(path, bar))
     bar.total, bar.unit, bar.unit_scale = path.stat().st_size, "B", True
     file = path.open("rb")
+    if path.suffix in DELIMITERS:
+        return ("line", *csv_rows(file, DELIMITERS[path.suffix], bar))
     is_array = file.read(4096).lstrip().startswith(b"[")
     file.seek(0)
     if is_array:
@@ -52,6 +59,51 @@ def json_lines(file: IO[bytes], bar: Any) -> Iterator[Row]:
                 yield str(number), None, error.msg
                 continue
             yield str(number), row, None
+
+
+def csv_rows(file: IO[bytes], delimiter: str, bar: Any) -> tuple[list[str], Iterator[Row]]:
+    """A CSV or TSV file's header (its first line) and its records as rows of text; a record with more
+    values than the header names raises, with its line: its values cannot be told apart."""
+    reader = csv.reader(decoded_lines(file, bar), delimiter=delimiter)
+    try:
+        header = next(reader, [])
+    except csv.Error as error:
+        raise DataError(f"line 1 is not valid CSV ({error})") from None
+    if twice := sorted({name for name in header if header.count(name) > 1}):
+        raise DataError(f"line 1 names the column {twice[0]!r} twice; give each column its own name")
+    return header, csv_records(file, reader, header)
+
+
+def decoded_lines(file: IO[bytes], bar: Any) -> Iterator[str]:
+    """The file's lines as text (a byte-order mark before the first dropped, as pandas drops it)."""
+    for number, line in enumerate(file):
+        bar.update(len(line))
+        yield line.decode("utf-8-sig" if number == 0 else "utf-8")
+
+
+def csv_records(file: IO[bytes], reader: Any, header: list[str]) -> Iterator[Row]:
+    with file:
+        end = reader.line_num
+        while True:
+            try:
+                values = next(reader, None)
+            except csv.Error as error:
+                raise DataError(f"line {end + 1} is not valid CSV ({error})") from None
+            if values is None:
+                return
+            start, end = end + 1, reader.line_num
+            if len(values) > len(header):
+                raise DataError(
+                    f"line {start} has {len(values)} values where line 1 names {len(header)} columns; quote "
+                    "a value that holds the delimiter or a line break"
+                )
+            if values:  # a blank line is skipped, as pandas skips it
+                padded = values + [""] * (len(header) - len(values))
+                yield (
+                    str(start),
+                    {name: value or None for name, value in zip(header, padded, strict=True)},
+                    None,
+                )
 
 
 def json_array(file: IO[str], bar: Any) -> Iterator[Row]:

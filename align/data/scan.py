@@ -1,12 +1,12 @@
 """Every row of a local data file checked before any model loads, so that `align validate` (and `align run`,
 before Ray starts) finds a bad row deep in a file, not the worker that reaches it an hour later.
 
-A scan streams the file: jsonl line by line, a JSON array item by item, parquet files and `datasets`
-folders as Arrow record batches. Each row is checked against the TRL formats that its stage's data kind
-accepts (`align.data.loading.DATA_COLUMNS`), and each defect is reported once per file with a count and
-its first places. The verdict is cached by the file's identity (path, size, modification time) and data kind
-under `$ALIGN_CACHE/data-checks`, so a second validate of a large file does not read it again. Reading
-the rows is `align.data.rows`.
+A scan streams the file: jsonl line by line, a JSON array item by item, CSV and TSV records, parquet
+files and `datasets` folders as Arrow record batches. Each row is checked against the TRL formats that its
+stage's data kind accepts (`align.data.loading.DATA_COLUMNS`), and each defect is reported once per file
+with a count and its first places. The verdict, and the rows counted (which `align plan` shows), is cached
+by the file's identity (path, size, modification time) and data kind under `$ALIGN_CACHE/data-checks`, so
+a second validate of a large file does not read it again. Reading the rows is `align.data.rows`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,20 @@ from typing import Any
 
 from align.cache import cache_root, is_dir, write_atomically
 from align.data.corpora import BUILTIN_PREFIX, builtin
-from align.data.loading import DATA_COLUMNS, HUB_PREFIX, column_problem, locate, missing_columns
+from align.data.loading import (
+    DATA_COLUMNS,
+    HUB_PREFIX,
+    column_problem,
+    hub_problem,
+    locate,
+    missing_columns,
+)
 from align.data.rows import row_source
 from align.data.shapes import Normalizer, RowProblem, describe
 from align.errors import DataError
 from align.fingerprint import digest
 
-SCAN_FORMAT = 2  # bump when the rules change: cached verdicts are then checked again
+SCAN_FORMAT = 3  # bump when the rules change: cached verdicts are then checked again
 EXAMPLES = 3  # places shown for each defect
 CONVERSATIONAL = ("prompt", "completion", "chosen", "rejected")  # each text, or a list of messages
 
@@ -225,12 +232,12 @@ class Scan:
 def check_data(ref: str, kind: str, field: str, columns: dict[str, str] | None = None) -> str | None:
     """What is wrong with `ref` as data for a `kind` stage, its columns renamed by `columns` (`data.columns`),
     or None. A local file is read whole, once per version of it; a builtin needs no reading, and a hub
-    dataset is checked where it loads.
+    dataset is checked by its cached copy where there is one (`hub_problem`), else where it loads.
 
     `field` is taken for symmetry with `load_data` but unused: the caller puts the YAML path in front.
     """
     if ref.startswith(HUB_PREFIX):
-        return None if ref[len(HUB_PREFIX) :].strip() else f"{ref}: name the dataset, as hf:org/name@split"
+        return hub_problem(ref, kind, columns or {})
     try:
         if ref.startswith(BUILTIN_PREFIX):
             return column_problem(ref, [(columns or {}).get(name, name) for name in builtin(ref)[1]], kind)
@@ -285,7 +292,20 @@ def identity(path: Path) -> list[list[Any]]:
 
 def cached_scan(path: Path, ref: str, kind: str, columns: dict[str, str] | None = None) -> str | None:
     """`scan`'s verdict, read from the cache when this version of the file was scanned before."""
-    renames = columns or {}
+    return verdict(path, ref, kind, columns or {})["problem"]
+
+
+def scanned_rows(ref: str, kind: str, columns: dict[str, str]) -> int | None:
+    """How many rows a local file or folder has, as its scan counted them (cached since validate); None
+    where it cannot be read."""
+    try:
+        return verdict(locate(ref), ref, kind, columns)["rows"]
+    except DataError:
+        return None
+
+
+def verdict(path: Path, ref: str, kind: str, renames: dict[str, str]) -> dict[str, Any]:
+    """{problem, rows} of a scan of this version of the file, from the cache or scanned now."""
     try:
         files = identity(path)
         key = digest({"ref": ref, "kind": kind, "files": files, "format": SCAN_FORMAT, "columns": renames})
@@ -293,21 +313,24 @@ def cached_scan(path: Path, ref: str, kind: str, columns: dict[str, str] | None 
         raise DataError(f"{ref} cannot be read: {error.strerror}") from None
     entry = cache_root() / "data-checks" / f"{key}.json"
     try:
-        return json.loads(entry.read_text(encoding="utf-8"))["problem"]
+        found = json.loads(entry.read_text(encoding="utf-8"))
+        return {"problem": found["problem"], "rows": found["rows"]}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    problem = scan(path, ref, kind, renames)
+    problem, rows = scan(path, ref, kind, renames)
     try:
-        write_atomically(entry, json.dumps({"ref": ref, "kind": kind, "problem": problem}))
+        write_atomically(entry, json.dumps({"ref": ref, "kind": kind, "problem": problem, "rows": rows}))
     except OSError:
         pass  # a cache that cannot be written only makes the next validate slower
-    return problem
+    return {"problem": problem, "rows": rows}
 
 
-def scan(path: Path, ref: str, kind: str, renames: dict[str, str] | None = None) -> str | None:
+def scan(
+    path: Path, ref: str, kind: str, renames: dict[str, str] | None = None
+) -> tuple[str | None, int | None]:
     """Check every row of the file (or `datasets` folder) at `path` for a `kind` stage, after `renames`
-    (`data.columns`) and the conversion of a known shape: what is wrong, or None. A file that cannot be
-    opened raises; what its content gets wrong is the answer."""
+    (`data.columns`) and the conversion of a known shape: what is wrong (None: nothing), and its rows (None:
+    not all read). A file that cannot be opened raises; what its content gets wrong is the answer."""
     found = Scan(kind, normalize=Normalizer(renames))
     try:
         with progress_bar(path) as bar:
@@ -317,17 +340,17 @@ def scan(path: Path, ref: str, kind: str, renames: dict[str, str] | None = None)
             ):  # no shape to convert
                 problem = column_problem(ref, [(renames or {}).get(name, name) for name in columns], kind)
                 if problem is not None:
-                    return problem
+                    return problem, None
             for place, row, error in rows:
                 found.check(place, row, error)
     except UnicodeDecodeError:
-        return f"{ref} is not UTF-8 text"
+        return f"{ref} is not UTF-8 text", None
     except DataError as error:  # content that ends the scan: a broken JSON array, an unreadable parquet
         before = found.message(ref) if found.rows else None
-        return f"{ref} {error}" + (f". {before}" if before else "")
+        return f"{ref} {error}" + (f". {before}" if before else ""), None
     except OSError as error:
         raise DataError(f"{ref} cannot be read: {error.strerror}") from None
-    return found.message(ref)
+    return found.message(ref), found.rows
 
 
 @contextmanager

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from align.cache import is_dir
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
-from align.data.loading import NO_EVAL
 from align.data.scan import check_data, columns_problem, first_row, is_message
 from align.data.shapes import Normalizer
+from align.data.sources import data_refs, mixture_problems
 from align.errors import Problem
 from align.models.chat_templates import resolve_template
 from align.models.loading import has_chat_template, model_problem
@@ -50,21 +50,19 @@ def model_problems(pipeline: Pipeline) -> list[Problem]:
 
 
 def data_problems(pipeline: Pipeline) -> list[Problem]:
-    """Each data file exists and every row of it fits its stage kind (align.data.scan)."""
+    """Each data source exists and every row of it fits its stage kind (align.data.scan); then, where each
+    does, the sources of a mixture can be mixed (align.data.sources)."""
     problems = []
     for name, stage in pipeline.stages.items():
         if not isinstance(stage, TrainingStage):
             continue
-        for split in ("train", "eval"):
-            ref = getattr(stage.data, split)
-            path = f"stages.{name}.data.{split}"
-            if ref in (None, NO_EVAL):
-                continue
-            kind, columns = KINDS[stage.kind].data, stage.data.columns
+        kind, found = KINDS[stage.kind].data, []
+        for path, ref, columns, columns_path in data_refs(stage.data, f"stages.{name}"):
             if columns and (message := columns_problem(ref, kind, columns)) is not None:
-                problems.append(Problem(f"stages.{name}.data.columns", message))
+                found.append(Problem(columns_path, message))
             elif (message := check_data(ref, kind, path, columns)) is not None:
-                problems.append(Problem(path, message))
+                found.append(Problem(path, message))
+        problems += found or mixture_problems(stage.data, kind, f"stages.{name}")
     return problems
 
 
@@ -96,8 +94,9 @@ def template_problems(pipeline: Pipeline) -> list[Problem]:
         folder = root_folder(pipeline, name) if isinstance(stage, TrainingStage) else None
         if folder is None or has_chat_template(folder) or pipeline.stage_chat_template(name):
             continue
-        row = first_row(stage.data.train)
-        values = Normalizer(stage.data.columns)(row).values() if row else ()
+        source = stage.data.sources[0]  # the sources of a mixture share one format
+        row = first_row(source.path)
+        values = Normalizer(source.columns)(row).values() if row else ()
         if any(isinstance(value, list) and value and all(map(is_message, value)) for value in values):
             problems.append(
                 Problem(

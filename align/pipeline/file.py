@@ -102,6 +102,7 @@ PATH_FIELDS: dict[tuple[str, ...], Callable[[str, Path], str]] = {
     ("defaults", "output_root"): file_location,
     ("stages", "*", "model"): model_location,
     ("stages", "*", "data", "train"): data_location,
+    ("stages", "*", "data", "train", "*", "path"): data_location,  # a mixture's sources
     ("stages", "*", "data", "eval"): data_location,
     ("stages", "*", "zero2", "config"): file_location,
     ("stages", "*", "trl", "resume_from_checkpoint"): file_location,

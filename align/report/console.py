@@ -68,9 +68,9 @@ def held_out_source(stage) -> str | None:
     if data.eval == NO_EVAL:
         return "nothing (eval: none)"
     if data.eval is None:
-        rows = "each source's rows" if data.is_mixture else "the training rows"
+        rows, each = ("each source's rows", " each") if data.is_mixture else ("the training rows", "")
         return (
-            f"a seeded {HELD_OUT_SHARE:.0%} of {rows} (at most {HELD_OUT_ROWS}), kept out of "
+            f"a seeded {HELD_OUT_SHARE:.0%} of {rows} (at most {HELD_OUT_ROWS}{each}), kept out of "
             "training (no eval split given)"
         )
     return f"the eval split {data.eval}"

@@ -21,7 +21,7 @@ from align.pipeline.graph import downstream, upstream
 from align.planning.plan import Plan, StagePlan, priced_at_launch
 from align.run import records, stop
 from align.run.disk import check_space, probe_writable
-from align.run.inputs import fingerprint, output_of, resolve_inputs
+from align.run.inputs import fingerprint, output_of, pinned, resolve_inputs
 from align.run.launch import LostWorkers
 from align.run.lock import run_lock
 from align.run.ray_stages import RayStages, ray_launcher
@@ -267,7 +267,8 @@ class Schedule:
                 continue
             self.todo.remove(name)
             folders = self.folders
-            stage = replace(self.plan.stages[name], inputs=resolve_inputs(self.plan.stages[name], folders))
+            planned = self.plan.stages[name]
+            stage = pinned(replace(planned, inputs=resolve_inputs(planned, folders)))  # hub data at a commit
             stamp = fingerprint(stage, folders)
             existing = records.read_record(folders[name])
             if name not in self.forced and up_to_date(existing, stamp):

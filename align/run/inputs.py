@@ -3,11 +3,13 @@ fingerprint that says whether its published output is still up to date."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from align.data.loading import NO_EVAL
-from align.errors import AlignError
+from align.data.hub import HUB_PREFIX, resolved
+from align.data.loading import NO_EVAL, data_identity
+from align.errors import AlignError, DataError
 from align.fingerprint import digest
 from align.models.loading import resolve_model
 from align.pipeline.graph import reference_target
@@ -43,10 +45,35 @@ def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
     return StageInputs(model, reward_models, models)
 
 
+def pinned(stage: StagePlan) -> StagePlan:
+    """The stage with each hub dataset it reads pinned to the commit the hub serves now (or, with no hub,
+    the one cached here): its fingerprint and record hold that commit, so a re-pushed dataset reruns the
+    stage, and its workers load the very rows that were fingerprinted."""
+    data = getattr(stage.stage, "data", None)
+    if data is None or not hasattr(data, "train"):  # an eval stage's prompts are read as they are
+        return stage
+
+    def pin(ref: str | None, field: str) -> str | None:
+        if ref is None or not ref.startswith(HUB_PREFIX):
+            return ref
+        try:
+            return str(resolved(ref))
+        except DataError as error:
+            raise DataError(f"{stage.where}.data.{field}: {error}") from None
+
+    if data.is_mixture:
+        train = [
+            source.model_copy(update={"path": pin(source.path, f"train[{index}].path")})
+            for index, source in enumerate(data.train)
+        ]
+    else:
+        train = pin(data.train, "train")
+    data = data.model_copy(update={"train": train, "eval": pin(data.eval, "eval")})
+    return replace(stage, stage=stage.stage.model_copy(update={"data": data}))
+
+
 def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
-    from align.data.loading import data_identity
-
     upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
     if prompts := getattr(data, "prompts", None):  # an eval stage's
@@ -54,6 +81,7 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     else:
         held_out = data.eval if data and data.eval != NO_EVAL else None
         splits = (("train", data.train), ("eval", held_out)) if data else ()
+    where = f"{stage.where}.data"
     inputs = stage.inputs
     own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
     template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
@@ -75,11 +103,17 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
             "model": records.model_identity(inputs.model.base) if own_model else None,
             "reward_models": {i: records.model_identity(f) for i, f in inputs.reward_models.items()},
             "upstream": upstream_prints,
-            "data": {
-                split: data_identity(ref, f"{stage.where}.data.{split}") for split, ref in splits if ref
-            },
+            "data": {split: identity(ref, f"{where}.{split}") for split, ref in splits if ref},
         }
     )
+
+
+def identity(ref: Any, field: str) -> Any:
+    """What says a split's data changed: its ref's identity, or each source's for a mixture (their shares
+    and renames are in the stage's own config)."""
+    if isinstance(ref, str):
+        return data_identity(ref, field)
+    return [data_identity(source.path, f"{field}[{index}].path") for index, source in enumerate(ref)]
 
 
 def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[str, Any]:

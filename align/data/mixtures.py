@@ -1,0 +1,149 @@
+"""A stage's training rows, from one source or a mixture of several, and the rows it holds out.
+
+Each source is loaded on its own (its renames and shape conversion, align/data/loading.py) and, without an
+eval split, gives up its own held-out slice first, so a small source is measured too. What is left is then
+mixed by its share:
+- `weight` on every source: `datasets.interleave_datasets` draws each row's source at those odds, seeded
+  by the pipeline's seed, until the first source runs out (`data.mix: first_exhausted`, the default: no
+  row repeats) or until every one has (`all_exhausted`: the smaller ones repeat);
+- `rows` on every source: that many rows drawn from each (seeded), then shuffled together
+  (`concatenate_datasets`);
+- neither: every row of every source, shuffled together.
+Each source's rows are taken in a seeded order, so a source that is not used up gives a random part of
+itself. `data.max_train_rows` then keeps the first rows of the mix, which hold the same shares.
+
+The mix is decided on a small table of (source, row) pairs and the rows selected from the sources by it,
+so `StageRows.sources` says where each training row came from and no column of it reaches the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from align.data.loading import NO_EVAL, load_data
+from align.data.sources import DEFAULT_MIX, held_out_size, source_names
+from align.errors import DataError
+
+
+@dataclass
+class StageRows:
+    """A stage's training rows, its held-out rows (None: nothing is measured), and the name of the source
+    each training row came from (`sources[i]` for `train[i]`)."""
+
+    train: Any
+    held_out: Any
+    sources: list[str]
+
+
+def stage_rows(data: Any, kind: str, seed: int, where: str) -> StageRows:
+    """The rows a stage with the `data:` block `data` trains on and measures, for its data `kind`; `where`
+    is the stage's YAML path (`stages.sft`), named in every error."""
+    sources = data.sources
+    names = source_names([source.path for source in sources])
+    own_held_out = data.eval is None
+    parts, held = [], []
+    for index, source in enumerate(sources):
+        field = f"{where}.data.train" + (f"[{index}].path" if data.is_mixture else "")
+        rows = load_data(source.path, kind, field, source.columns)
+        if not data.is_mixture and data.max_train_rows:  # one source: limited before its slice, as always
+            rows = rows.select(range(min(data.max_train_rows, len(rows))))
+        if own_held_out:
+            rows, held_out = held_out_slice(rows, seed)
+            held.append(held_out)
+        if source.rows is not None:
+            rows = drawn(rows, source.rows, seed, index, f"{where}.data.train[{index}].rows")
+        parts.append(rows)
+    train, order = mixed(parts, sources, seed, data.mix or DEFAULT_MIX, where)
+    if data.is_mixture and data.max_train_rows and data.max_train_rows < len(train):
+        train, order = train.select(range(data.max_train_rows)), order[: data.max_train_rows]
+    if own_held_out:
+        held_out = together([rows for rows in held if rows is not None], names, where)
+    elif data.eval == NO_EVAL:
+        held_out = None
+    else:
+        held_out = load_data(data.eval, kind, f"{where}.data.eval", data.columns)
+        if data.max_eval_rows:
+            held_out = held_out.select(range(min(data.max_eval_rows, len(held_out))))
+    return StageRows(train, held_out, [names[index] for index in order])
+
+
+def held_out_slice(train: Any, seed: int) -> tuple[Any, Any]:
+    """(the rows to train on, a seeded slice of the others to measure on); no slice from a tiny set."""
+    import torch
+
+    size = held_out_size(len(train))
+    if size == 0:
+        return train, None
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+    return train.select(sorted(order[size:])), train.select(sorted(order[:size]))
+
+
+def seeded_order(length: int, seed: int, index: int) -> list[int]:
+    """A permutation of a source's rows, its own for each source (`index`) under one seed."""
+    import numpy as np
+
+    return np.random.default_rng([seed, index]).permutation(length).tolist()
+
+
+def drawn(rows: Any, count: int, seed: int, index: int, field: str) -> Any:
+    """`count` rows of a source, drawn in its seeded order."""
+    if count > len(rows):
+        raise DataError(
+            f"{field}: asks for {count} rows, and the source has {len(rows)} to train on (its held-out rows "
+            "set aside); lower `rows`, or give the source more"
+        )
+    return rows.select(sorted(seeded_order(len(rows), seed, index)[:count]))
+
+
+def mixed(
+    parts: list[Any], sources: list[Any], seed: int, strategy: str, where: str
+) -> tuple[Any, list[int]]:
+    """The sources' rows mixed, and the source of each (its index)."""
+    if len(parts) == 1:
+        return parts[0], [0] * len(parts[0])
+    from datasets import Dataset, concatenate_datasets, interleave_datasets
+
+    tables = [
+        Dataset.from_dict({"source": [index] * len(rows), "row": seeded_order(len(rows), seed, index)})
+        for index, rows in enumerate(parts)
+    ]
+    if all(source.weight is not None for source in sources):
+        total = sum(source.weight for source in sources)
+        odds = [source.weight / total for source in sources]
+        order = interleave_datasets(tables, probabilities=odds, seed=seed, stopping_strategy=strategy)
+    else:
+        order = concatenate_datasets(tables).shuffle(seed=seed)
+    starts = [sum(len(rows) for rows in parts[:index]) for index in range(len(parts))]
+    picked, rows = order["source"], order["row"]
+    names = source_names([source.path for source in sources])
+    everything = together(parts, names, where)
+    return everything.select([starts[source] + row for source, row in zip(picked, rows, strict=True)]), picked
+
+
+def together(parts: list[Any], names: list[str], where: str) -> Any:
+    """The parts one after another (None when there are none), kept to the columns they all have, each
+    column of the first part's type: a column one source holds as text and another as a list cannot be
+    mixed, and is refused naming both."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    from datasets import concatenate_datasets
+
+    shared = [
+        column for column in parts[0].column_names if all(column in part.column_names for part in parts)
+    ]
+    parts = [part.select_columns(shared) for part in parts]
+    features = parts[0].features
+    for index, part in enumerate(parts[1:], 1):
+        if part.features == features:
+            continue
+        try:
+            parts[index] = part.cast(features)
+        except (ValueError, TypeError) as error:
+            raise DataError(
+                f"{where}.data.train[{index}]: {names[index]}'s rows cannot be mixed with {names[0]}'s: "
+                f"{str(error).splitlines()[0]}; give the sources one format (the same columns, of one type)"
+            ) from None
+    return concatenate_datasets(parts)
