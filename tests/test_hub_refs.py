@@ -10,6 +10,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -110,7 +111,9 @@ def test_an_uncached_ref_fails_in_one_line_that_says_how_to_proceed(hub_home: Pa
     assert message.startswith(
         "stages.sft.data.train: hf:org/elsewhere@train is not in the local datasets cache"
     )
-    assert "HF_HUB_OFFLINE" in message and "load it once where the hub is reachable" in message
+    assert (
+        "HF_HUB_OFFLINE" in message and "run it once where the hub is reachable, with this HF_HOME" in message
+    )
     assert "\n" not in message
 
 
@@ -129,6 +132,29 @@ def test_an_unreachable_hub_falls_back_to_the_cache_at_once(
     assert time.monotonic() - started < 5
     with pytest.raises(DataError, match="no hub answered"):
         data_identity("hf:org/elsewhere@train", "d")
+
+
+def test_a_revision_the_hub_resolved_once_resolves_the_same_offline(
+    hub_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub (stood in for by its answer) says v3 is commit NEW; offline afterwards, v3 is still NEW."""
+    from huggingface_hub import HfApi
+
+    asked = []
+
+    def dataset_info(api: HfApi, name: str, revision: str | None, timeout: float) -> SimpleNamespace:
+        asked.append((name, revision, timeout))
+        return SimpleNamespace(sha=NEW)
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(HfApi, "dataset_info", dataset_info)
+    assert load_data("hf:org/tiny_chat:chat@train#v3", "sft", "d")["prompt"][0] == "new 0"  # from the cache
+    assert asked and asked[0][:2] == ("org/tiny_chat", "v3") and asked[0][2] <= 10
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert data_identity("hf:org/tiny_chat:chat@train#v3", "d").endswith(NEW)
+    with pytest.raises(DataError, match=f"name one of the commits cached here \\(chat#{OLD}, chat#{NEW}\\)"):
+        data_identity("hf:org/tiny_chat:chat@train#v4", "d")  # never resolved here: no guess
 
 
 def test_validate_reads_a_cached_copy_and_needs_no_hub(hub_home: Path) -> None:

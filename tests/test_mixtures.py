@@ -123,8 +123,8 @@ def test_the_plan_shows_each_sources_rows_and_share(tmp_path: Path) -> None:
     text = format_plan(build(pipeline, CPU))
     assert "    held out: a seeded 5% of each source's rows (at most 64 each)" in text
     assert (
-        "    data: 2 sources, each row's source drawn at the weights' odds until the first runs out "
-        "(mix: first_exhausted): about 1,915 rows\n"
+        "    data: 2 sources, mixed at their weights until the first runs out (mix: first_exhausted): "
+        "about 1,915 rows\n"
         "      train[0] a.jsonl: 1,500 rows; weight 3, 75% of the mix\n"
         "      train[1] b.csv: 1,500 rows; weight 1, 25% of the mix; columns question -> prompt, answer -> "
         "completion\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from align.cache import write_atomically
 from align.errors import DataError
 
 HUB_PREFIX = "hf:"
@@ -109,13 +110,17 @@ def datasets_home() -> Path:
     return Path(folder).expanduser() if folder else hf_home() / "datasets"
 
 
+def refs_file(ref: HubRef) -> Path:
+    """Where huggingface_hub notes the commit a dataset's branch or tag named when last asked."""
+    return hub_cache() / f"datasets--{ref.name.replace('/', '--')}" / "refs" / (ref.revision or "main")
+
+
 def cached_commit(ref: HubRef) -> str | None:
     """The commit the revision named when this machine last reached the hub (huggingface_hub's refs file)."""
     if ref.pinned:
         return ref.revision
-    repo = hub_cache() / f"datasets--{ref.name.replace('/', '--')}" / "refs" / (ref.revision or "main")
     try:
-        commit = repo.read_text(encoding="utf-8").strip()
+        commit = refs_file(ref).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return commit if COMMIT.fullmatch(commit) else None
@@ -142,12 +147,13 @@ def snake_case(name: str) -> str:
 
 
 def local_copy(ref: HubRef) -> Prepared | None:
-    """The prepared copy of the commit the ref names (by its refs file), else of the only commit prepared."""
+    """The prepared copy of the commit the ref's revision names (by its refs file); with no revision and no
+    refs file, of the only commit prepared (as `load_dataset` offline takes it)."""
     copies, commit = prepared(ref), cached_commit(ref)
     if commit is not None:
         copies = [copy for copy in copies if copy.commit == commit]
-    elif len({copy.commit for copy in copies}) > 1:
-        return None  # several commits and nothing says which the revision is
+    elif ref.revision is not None or len({copy.commit for copy in copies}) > 1:
+        return None  # nothing says which commit the revision is
     if len({copy.config for copy in copies}) > 1:
         return None  # the ref must name its config
     return copies[0] if copies else None
@@ -161,13 +167,19 @@ def hub_commit(ref: HubRef) -> str | None:
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        return HfApi().dataset_info(ref.name, revision=ref.revision, timeout=HUB_TIMEOUT).sha
+        commit = HfApi().dataset_info(ref.name, revision=ref.revision, timeout=HUB_TIMEOUT).sha
     except RevisionNotFoundError:
         raise DataError(f"{ref}: the hub has no revision {ref.revision!r} of {ref.name}") from None
     except RepositoryNotFoundError:
         raise DataError(f"{ref}: the hub has no dataset {ref.name} (or it is gated: log in)") from None
     except Exception:  # noqa: BLE001 - no network, a timeout, a proxy's page: the hub is not reached
         return None
+    if commit and not ref.pinned:
+        try:  # as huggingface_hub notes it on a download: an offline run later resolves the same
+            write_atomically(refs_file(ref), commit)
+        except OSError:
+            pass
+    return commit
 
 
 def resolved(ref: str) -> HubRef:
@@ -186,11 +198,14 @@ def resolved(ref: str) -> HubRef:
 
 
 def unreached(ref: HubRef) -> str:
+    """Why a ref cannot be read here, and how to proceed, in one line."""
     why = "the hub is off here (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)" if offline() else "no hub answered"
-    return (
-        f"{ref} is not in the local datasets cache ({datasets_home()}), and {why}: load it once where the "
-        f"hub is reachable (the same HF_HOME), or pin a cached commit as {HUB_FORM}"
-    )
+    cached = sorted({f"{copy.config}#{copy.commit}" for copy in prepared(replace(ref, config=None))})
+    if cached:
+        how = f"name one of the commits cached here ({', '.join(cached)}) as {HUB_FORM}"
+    else:
+        how = "run it once where the hub is reachable, with this HF_HOME, and it reads the cached copy after"
+    return f"{ref} is not in the local datasets cache ({datasets_home()}), and {why}: {how}"
 
 
 def hub_rows(ref: str) -> Any:

@@ -218,10 +218,10 @@ def mix_line(data: Any, key: str | None, shares: list[float | None], counts: lis
         how = "the rows given drawn from each" if key == "rows" else "every row of each"
         return f"data: {count} sources, {how}, shuffled together"
     strategy = data.mix or DEFAULT_MIX
-    until = "the first runs out" if strategy == DEFAULT_MIX else "every one has run out (the smaller repeat)"
-    line = (
-        f"data: {count} sources, each row's source drawn at the weights' odds until {until} (mix: {strategy})"
+    until = (
+        "the first runs out" if strategy == DEFAULT_MIX else "every one has run out, the smaller repeating"
     )
+    line = f"data: {count} sources, mixed at their weights until {until} (mix: {strategy})"
     if None not in counts:
         trainable = [rows - (held_out_size(rows) if data.eval is None else 0) for rows in counts]
         runs = [rows / share for rows, share in zip(trainable, shares, strict=True)]
