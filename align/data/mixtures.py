@@ -54,11 +54,12 @@ def stage_rows(data: Any, kind: str, seed: int, where: str) -> StageRows:
         if source.rows is not None:
             rows = drawn(rows, source.rows, seed, index, f"{where}.data.train[{index}].rows")
         parts.append(rows)
-    train, order = mixed(parts, sources, seed, data.mix or DEFAULT_MIX, where)
+    train, order = mixed(parts, sources, names, seed, data.mix or DEFAULT_MIX, where)
     if data.is_mixture and data.max_train_rows and data.max_train_rows < len(train):
         train, order = train.select(range(data.max_train_rows)), order[: data.max_train_rows]
     if own_held_out:
-        held_out = together([rows for rows in held if rows is not None], names, where)
+        kept = [(rows, name) for rows, name in zip(held, names, strict=True) if rows is not None]
+        held_out = together([rows for rows, _ in kept], [name for _, name in kept], where)
     elif data.eval == NO_EVAL:
         held_out = None
     else:
@@ -97,7 +98,7 @@ def drawn(rows: Any, count: int, seed: int, index: int, field: str) -> Any:
 
 
 def mixed(
-    parts: list[Any], sources: list[Any], seed: int, strategy: str, where: str
+    parts: list[Any], sources: list[Any], names: list[str], seed: int, strategy: str, where: str
 ) -> tuple[Any, list[int]]:
     """The sources' rows mixed, and the source of each (its index)."""
     if len(parts) == 1:
@@ -116,7 +117,6 @@ def mixed(
         order = concatenate_datasets(tables).shuffle(seed=seed)
     starts = [sum(len(rows) for rows in parts[:index]) for index in range(len(parts))]
     picked, rows = order["source"], order["row"]
-    names = source_names([source.path for source in sources])
     everything = together(parts, names, where)
     return everything.select([starts[source] + row for source, row in zip(picked, rows, strict=True)]), picked
 
@@ -143,7 +143,7 @@ def together(parts: list[Any], names: list[str], where: str) -> Any:
             parts[index] = part.cast(features)
         except (ValueError, TypeError) as error:
             raise DataError(
-                f"{where}.data.train[{index}]: {names[index]}'s rows cannot be mixed with {names[0]}'s: "
+                f"{where}.data.train: {names[index]}'s rows cannot be mixed with {names[0]}'s: "
                 f"{str(error).splitlines()[0]}; give the sources one format (the same columns, of one type)"
             ) from None
     return concatenate_datasets(parts)
