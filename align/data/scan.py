@@ -92,19 +92,52 @@ def other_shape(shape: str, first: str, place: str) -> Issue:
     )
 
 
+TOOL_CALL = Issue(
+    "has a tool call with no function name",
+    "have a tool call with no function name",
+    "a tool call is {type: function, function: {name, arguments}} or {name, arguments}",
+)
+TOOLS = Issue(
+    "has a 'tools' that is not a list of function schemas",
+    "have a 'tools' that is not a list of function schemas",
+    "'tools' holds a list of schemas ({type: function, function: {name, parameters}}), or that as JSON text",
+)
+
+
 def is_message(value: Any) -> bool:
-    return (
-        type(value) is dict
-        and type(value.get("role")) is str
-        and value["role"] != ""
-        and isinstance(value.get("content"), (str, list))
-    )
+    """A chat message: a role and its text (or content parts); an assistant turn that calls tools may have
+    no text beside its `tool_calls` (OpenAI rows carry `content: null` there)."""
+    if type(value) is not dict or type(value.get("role")) is not str or value["role"] == "":
+        return False
+    content = value.get("content")
+    return isinstance(content, (str, list)) or (content is None and isinstance(value.get("tool_calls"), list))
+
+
+def is_tool_call(call: Any) -> bool:
+    function = call.get("function", call) if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return isinstance(name, str) and name.strip() != ""
 
 
 def conversation_issue(column: str, value: Any) -> Issue | None:
     if not isinstance(value, list) or not all(is_message(message) for message in value):
         return not_of(column, "a list of {role, content} messages")
+    calls = [call for message in value for call in message.get("tool_calls") or ()]
+    if not all(map(is_tool_call, calls)):
+        return TOOL_CALL
     return None if value else empty(column)
+
+
+def tools_issue(value: Any) -> Issue | None:
+    """A row's `tools` as TRL's trainers read them: a list, or a JSON string of one (parsed as it trains)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return TOOLS
+    if value is None or isinstance(value, list) and all(isinstance(tool, dict) for tool in value):
+        return None
+    return TOOLS
 
 
 def value_issue(column: str, value: Any) -> tuple[Issue | None, str | None]:
@@ -190,6 +223,7 @@ class Scan:
 
     def check_values(self, place: str, row: dict[str, Any]) -> None:
         found = [value_issue(column, row[column]) for column in self.columns or ()]
+        found.append((tools_issue(row.get("tools")), None))
         issues = [issue for issue, _ in found if issue is not None]
         for issue in issues:
             self.add(issue, place)

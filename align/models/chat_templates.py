@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from align.cache import exists, is_dir
+from align.models.tool_template import CHATML_TOOLS
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
@@ -54,7 +55,11 @@ BUILTIN = {
     "llama3": ChatTemplate(
         "llama3 (builtin)", LLAMA3, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "<|eot_id|>"
     ),
+    "chatml-tools": ChatTemplate(
+        "chatml-tools (builtin)", CHATML_TOOLS, ("<|im_start|>", "<|im_end|>"), "<|im_end|>"
+    ),
 }
+"""`chatml-tools` (align/models/tool_template.py) also renders tool calls, tool results and `tools`."""
 
 
 def folder_template(folder: Path) -> str | None:
@@ -88,6 +93,22 @@ def special_tokens_of(folder: Path, text: str) -> tuple[tuple[str, ...], str | N
     eos = settings.get("eos_token")
     eos = eos.get("content") if isinstance(eos, dict) else eos
     return special, eos if isinstance(eos, str) and eos in text else None
+
+
+def template_variables(folder: Path) -> dict[str, str]:
+    """The special tokens a tokenizer hands its template (`bos_token`, `eos_token`...), read from the
+    folder's files, so that a template is rendered here as the tokenizer renders it."""
+    found: dict[str, str] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            settings = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        for key, value in settings.items() if isinstance(settings, dict) else ():
+            value = value.get("content") if isinstance(value, dict) else value
+            if key.endswith("_token") and isinstance(value, str):
+                found[key] = value
+    return found
 
 
 def checked(text: str, source: str) -> str:

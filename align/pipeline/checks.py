@@ -20,6 +20,7 @@ from align.models.loading import has_chat_template, model_problem
 from align.pipeline.eval_checks import eval_problems
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.placement_checks import placement_problems
+from align.pipeline.template_checks import coverage_problems
 from align.rewards import args_problem, function_problem
 
 
@@ -119,6 +120,7 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
     problems += template_problems(pipeline)
+    problems += coverage_problems(pipeline, {problem.path for problem in problems})
     problems += reward_problems(pipeline)
     problems += placement_problems(pipeline)
     problems += vllm_problems(pipeline)
