@@ -12,6 +12,7 @@ from align.cache import is_dir
 from align.config.spec import Pipeline, TrainingStage
 from align.data.scan import first_row, is_message
 from align.data.shapes import Normalizer, RowProblem
+from align.data.sources import data_refs
 from align.data.template_coverage import template_coverage
 from align.errors import ModelError, Problem
 from align.models.chat_templates import ChatTemplate, folder_template, resolve_template, template_variables
@@ -33,24 +34,22 @@ def coverage_problems(pipeline: Pipeline, checked: set[str]) -> list[Problem]:
     whose data already has a problem (a path in `checked`) is left to that problem."""
     problems = []
     for name, stage in pipeline.stages.items():
-        path = f"stages.{name}.data.train"
         if not isinstance(stage, TrainingStage) or any(p.startswith(f"stages.{name}.data") for p in checked):
             continue
-        sources = [(ref, columns) for ref, columns in train_sources(stage) if conversational(ref, columns)]
+        sources = [
+            (path.removesuffix(".path"), ref, columns)
+            for path, ref, columns, _ in data_refs(stage.data, f"stages.{name}")
+            if path.startswith(f"stages.{name}.data.train") and conversational(ref, columns)
+        ]
         template = stage_template(pipeline, name) if sources else None
         if template is None:
             continue
         text, source, variables = template
-        for ref, columns in sources:
+        for path, ref, columns in sources:
             if (dropped := template_coverage(ref, columns, text, source, variables)) is not None:
                 fix = TOOLS_FIX if dropped.tools and "chatml-tools (builtin)" not in source else FIX
                 problems.append(Problem(path, f"{dropped.message}; {fix}"))
     return problems
-
-
-def train_sources(stage: TrainingStage) -> list[tuple[str, dict[str, str]]]:
-    """The stage's training data, each source with the renames that apply to it."""
-    return [(stage.data.train, stage.data.columns)]
 
 
 def conversational(ref: str, columns: dict[str, str]) -> bool:
