@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from align.cli import main
 from align.errors import StageFailed
@@ -153,7 +154,35 @@ def test_a_stage_whose_cut_empties_rows_stops_before_training_and_records_the_co
     assert f"set trl.max_length: {emptied.keeps_all:,}" in message
     assert not (tmp_path / "out" / "checkpoints").exists()  # stopped before the trainer was built
 
-    kept = sft_pipeline(tmp_path, tmp_path / "chat.jsonl", max_length=emptied.keeps_all)
-    _, result = run_in_process(kept, "sft", tmp_path / "kept", CPU)
+    (tmp_path / "kept").mkdir()
+    kept = sft_pipeline(tmp_path / "kept", tmp_path / "chat.jsonl", max_length=emptied.keeps_all)
+    _, result = run_in_process(kept, "sft", tmp_path / "kept" / "out", CPU)
     assert result.metrics["data_emptied"] == 0
     assert result.metrics["data_rows"] == 60 and result.metrics["data_longest"] == emptied.longest
+
+    allowed = yaml.safe_load(path.read_text())
+    allowed["stages"]["sft"]["data"]["max_emptied_share"] = 0.9  # the user accepts losing them
+    path.write_text(yaml.safe_dump(allowed))
+    _, result = run_in_process(path, "sft", tmp_path / "allowed", CPU)
+    assert result.metrics["data_emptied"] == emptied.emptied and result.steps == 2
+
+
+def test_a_mixture_names_the_source_of_each_row(tmp_path, capsys):
+    rows = chat_rows(40)
+    first, second = (
+        write_rows(tmp_path / "first.jsonl", rows[:20]),
+        write_rows(tmp_path / "second.jsonl", rows[20:]),
+    )
+    path = sft_pipeline(tmp_path, first, max_length=512)
+    body = yaml.safe_load(path.read_text())
+    body["stages"]["sft"]["data"]["train"] = [
+        {"path": str(first), "weight": 0.5},
+        {"path": str(second), "weight": 0.5},
+    ]
+    path.write_text(yaml.safe_dump(body))
+    assert main(["data", str(path), "--all"]) == 0
+    out = capsys.readouterr().out
+    named = re.findall(r"^row \d+ from (\S+):", out, flags=re.M)
+    assert set(named) == {"first.jsonl", "second.jsonl"}
+    for source, answer in re.findall(r"^row \d+ from (\S+):.*?\[\[answer (\d+)", out, flags=re.M | re.S):
+        assert (int(answer) < 20) == (source == "first.jsonl")  # each row is named after the file it is in

@@ -70,6 +70,9 @@ class DataSpec(Strict):
     mix: Literal["first_exhausted", "all_exhausted"] | None = None
     """How weighted sources are interleaved (`datasets.interleave_datasets`' stopping strategy): until the
     first source runs out (the default: no row is repeated), or until every one has (smaller ones repeat)."""
+    max_emptied_share: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The share of training rows `max_length` may leave with no loss-bearing token (they train nothing)
+    before the stage stops ahead of training (align/stages/prepared.py); None: 1%."""
 
     @field_validator("columns")
     @classmethod
@@ -91,14 +94,15 @@ class DataSpec(Strict):
 
     @model_serializer(mode="wrap")
     def without_unset_keys(self, handler: Any) -> Any:
-        """No `columns` key when nothing is renamed and no `mix` when unset, so stages recorded before they
-        existed stay up to date."""
+        """No `columns` key when nothing is renamed, and no `mix` or `max_emptied_share` when unset, so stages
+        recorded before they existed stay up to date."""
         dumped = handler(self)
         if isinstance(dumped, dict):
             if not self.columns:
                 dumped.pop("columns", None)
-            if self.mix is None:
-                dumped.pop("mix", None)
+            for key in ("mix", "max_emptied_share"):
+                if getattr(self, key) is None:
+                    dumped.pop(key, None)
         return dumped
 
     @property

@@ -77,42 +77,46 @@ def with_inputs(plan: Plan, name: str) -> tuple[StagePlan, str | None]:
     return replace(stage, chat_template=template, inputs=inputs), note
 
 
-def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Preview:
-    """The first `count` training rows of stage `name` (None: every row) as its trainer sees them, and the
-    counts over all of them (kept for `align plan`)."""
-    from align.stages.context import StageContext, stage_config, stage_data, stage_tokenizer
-    from align.stages.prepared import counted_lengths, cut, empty_rows_problem, prepare
-
+def chosen_stage(plan: Plan, name: str | None) -> str:
+    """The stage `--stage` names, refused with the ones that can be shown; by default the first."""
     name = name or default_stage(plan)
     if name not in plan.stages:
         raise ConfigError([Problem("--stage", f"no stage {name!r}; the stages are: {', '.join(plan.order)}")])
     if not previewable(plan.stages[name]):
         readers = [other for other in plan.order if previewable(plan.stages[other])]
-        raise ConfigError(
-            [
-                Problem(
-                    f"stages.{name}",
-                    f"a {plan.stages[name].kind} stage reads no training rows; "
-                    f"stages that do: {', '.join(readers) or 'none'}",
-                )
-            ]
-        )
+        kind = plan.stages[name].kind
+        problem = f"a {kind} stage reads no training rows; stages that do: {', '.join(readers) or 'none'}"
+        raise ConfigError([Problem(f"stages.{name}", problem)])
+    return name
+
+
+def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Preview:
+    """The first `count` training rows of stage `name` (None: every row) as its trainer sees them, and the
+    counts over all of them (kept for `align plan`)."""
+    from align.data.mixtures import stage_rows
+    from align.stages.context import StageContext, explicit_prompt, stage_config, stage_tokenizer
+    from align.stages.prepared import counted_lengths, cut, empty_rows_problem, prepare
+
+    name = chosen_stage(plan, name)
     stage, note = with_inputs(plan, name)
     notes = [note] if note else []
     with tempfile.TemporaryDirectory(prefix="align-data-") as scratch:
         ctx = StageContext(stage, Path(scratch))
-        train, _ = stage_data(ctx)
+        found = stage_rows(stage.stage.data, stage.data_kind, stage.seed, stage.where)
         side = "left" if stage.kind in ("dpo", *PROMPT_KINDS) else "right"
         tokenizer = stage_tokenizer(ctx, padding_side=side)
         config = stage_config(ctx)
-    shown = range(len(train) if count is None else min(count, len(train)))
-    if stage.kind in PROMPT_KINDS:
-        rows = [render_prompt(index, train[index], tokenizer) for index in shown]
-        return Preview(stage, notes, rows, None, len(train))
-    if stage.kind == "kto":
+    train = explicit_prompt(found.train)
+    if stage.kind == "kto":  # unpaired as the runner unpairs it: each pair is two rows
         from align.stages.kto import prompted, unpaired
 
         train = unpaired(prompted(train, f"{stage.where}.data.train"))
+    shown = range(len(train) if count is None else min(count, len(train)))
+    sources = found.sources if stage.stage.data.is_mixture and len(found.sources) == len(train) else None
+    labels = [f"row {index}" + (f" from {sources[index]}" if sources else "") for index in shown]
+    if stage.kind in PROMPT_KINDS:
+        rows = [render_prompt(label, train[i], tokenizer) for label, i in zip(labels, shown, strict=True)]
+        return Preview(stage, notes, rows, None, len(train))
     report = counted_lengths(ctx, train, tokenizer, config)
     remember(lengths_path(plan.stages[name]), report)  # under the plan's own key, which `align plan` reads
     prepared = prepare(stage.kind, train, tokenizer, config)
@@ -122,7 +126,10 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
             "template adds) too: set trl.assistant_only_loss: true to train on the assistant's turns only"
         )
     marks = MARKS[colour]
-    rows = [render(stage.kind, index, prepared[index], tokenizer, cut(config), marks) for index in shown]
+    rows = [
+        render(stage.kind, label, prepared[i], tokenizer, cut(config), marks)
+        for label, i in zip(labels, shown, strict=True)
+    ]
     return Preview(stage, notes, rows, report, len(train), empty_rows_problem(stage, report), marks)
 
 
@@ -154,7 +161,7 @@ def cut_note(length: int, limit: int | None) -> str:
 
 def render(
     kind: str,
-    index: int,
+    label: str,
     row: dict[str, Any],
     tokenizer: Any,
     limits: tuple[int | None, str],
@@ -166,12 +173,12 @@ def render(
         ids, labels = row["input_ids"], row["labels"]
         kept = slice(-limit, None) if limit and mode == "keep_end" else slice(None, limit)
         bearing = [label != IGNORED for label in labels[kept]]
-        header = f"row {index}: {len(ids):,} tokens, {sum(bearing):,} loss-bearing"
+        header = f"{label}: {len(ids):,} tokens, {sum(bearing):,} loss-bearing"
         return (
             f"{header}\n{indented(marked(tokenizer, ids[kept], bearing, marks))}{cut_note(len(ids), limit)}"
         )
     if kind == "reward":
-        parts = [f"row {index}: scored at the last token of each"]
+        parts = [f"{label}: scored at the last token of each"]
         for side in ("chosen", "rejected"):
             ids = row[f"{side}_ids"]
             dropped = " (dropped: longer than max_length)" if limit and len(ids) > limit else ""
@@ -179,9 +186,9 @@ def render(
         return "\n".join(parts)
     prompt = row["prompt_ids"]
     sides = ("chosen", "rejected") if kind == "dpo" else ("completion",)
-    label = f", label {'desirable' if row['label'] else 'undesirable'}" if kind == "kto" else ""
+    verdict = f", label {'desirable' if row['label'] else 'undesirable'}" if kind == "kto" else ""
     parts = [
-        f"row {index}{label}:",
+        f"{label}{verdict}:",
         f"  prompt ({len(prompt):,} tokens):\n{indented(decoded(tokenizer, prompt[:limit]), 4)}",
     ]
     for side in sides:
@@ -196,14 +203,14 @@ def render(
     return "\n".join(parts)
 
 
-def render_prompt(index: int, row: dict[str, Any], tokenizer: Any) -> str:
+def render_prompt(label: str, row: dict[str, Any], tokenizer: Any) -> str:
     """A prompt as an RL trainer renders it for generation (TRL's `maybe_apply_chat_template`): the
     completions it samples carry the loss, the prompt none."""
     from trl.data_utils import maybe_apply_chat_template
 
     text = maybe_apply_chat_template({"prompt": row["prompt"]}, tokenizer)["prompt"]
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    header = f"row {index}: prompt of {len(ids):,} tokens (the sampled completions carry the loss)"
+    header = f"{label}: prompt of {len(ids):,} tokens (the sampled completions carry the loss)"
     return f"{header}\n{indented(text)}"
 
 

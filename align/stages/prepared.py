@@ -80,7 +80,8 @@ def counted_lengths(ctx: Any, train: Any, tokenizer: Any, config: Any) -> Length
 
 
 def allowed_share(plan: Any) -> float:
-    return getattr(plan.stage.data, "max_emptied_share", EMPTIED_SHARE)
+    own = plan.stage.data.max_emptied_share
+    return EMPTIED_SHARE if own is None else own
 
 
 def empty_rows_problem(plan: Any, report: LengthReport | None) -> str | None:
