@@ -24,10 +24,11 @@ FAMILIES: dict[str, dict] = {
 }
 
 
-def build_family(family: str, folder: Path, seed: int = 0) -> Path:
-    """A saved random-init model of `family` beside the tiny model's tokenizer (and its chat template), with
-    a row for every token that tokenizer has as the family's tokenizer class reads it (Qwen2's adds an
-    unknown token, as a real Qwen2 checkpoint has)."""
+def build_family(family: str, folder: Path, seed: int = 0, *, chat_template: bool = True) -> Path:
+    """A saved random-init model of `family` beside the tiny model's tokenizer (and its chat template, unless
+    `chat_template` is False: a base model, as a user brings one), with a row for every token that tokenizer
+    has as the family's tokenizer class reads it (Qwen2's adds an unknown token, as a real Qwen2 checkpoint
+    has)."""
     tiny = Path(resolve_model("tiny"))
     out = folder / family
     tokenizer = AutoTokenizer.from_pretrained(tiny)
@@ -37,7 +38,8 @@ def build_family(family: str, folder: Path, seed: int = 0) -> Path:
         "pad_token_id": tokenizer.pad_token_id,
     }
     AutoConfig.for_model(family, **FAMILIES[family], **special).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+    files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+    for name in files if chat_template else files[:-1]:
         if (tiny / name).is_file():
             shutil.copy(tiny / name, out / name)
     rows = len(AutoTokenizer.from_pretrained(out))  # the family's tokenizer class

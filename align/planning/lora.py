@@ -57,6 +57,17 @@ def lora_targets(stage: StageBase, where: str, arch: Architecture | None) -> Lor
         raise ConfigError([Problem(f"{where}.lora.target_modules", str(err))]) from None
 
 
+def trained_token_rows(
+    stage: StageBase, template: ChatTemplate | None, sharded_at_load: bool
+) -> tuple[str, ...]:
+    """The template's special tokens whose embedding rows LoRA trains (peft's `trainable_token_indices`):
+    for the kinds of FUSED_HEAD_KINDS, except on a backend that shards the model as it loads (peft indexes
+    the embedding, which FSDP has made a DTensor: aten.index fails on the mix)."""
+    if stage.kind not in FUSED_HEAD_KINDS or getattr(stage, "lora", None) is None or template is None:
+        return ()
+    return () if sharded_at_load else template.special_tokens
+
+
 def lm_head(
     stage: StageBase,
     template: ChatTemplate | None,
@@ -66,17 +77,16 @@ def lm_head(
 ) -> LMHead | None:
     """The LM-head decision of a kind in FUSED_HEAD_KINDS (None for the others).
 
-    Under LoRA the template's token rows train, except on a backend that shards the model as it loads (peft's
-    trainable tokens index the embedding, which FSDP has made a DTensor). Where they train and the head is
-    tied to the embeddings (or not known yet: plain runs on any head), peft wraps the head: `plain`.
-    `positions` (sequences x tokens per micro-batch) prices the logits the plain path builds."""
+    Where the template's rows train and the head is tied to the embeddings (or not known yet: plain runs on
+    any head), peft wraps the head: `plain`. `positions` (sequences x tokens per micro-batch) prices the
+    logits the plain path builds."""
     if stage.kind not in FUSED_HEAD_KINDS:
         return None
     tokens = template.special_tokens if template is not None else ()
     if getattr(stage, "lora", None) is None or not tokens:
         return LMHead(FUSED, "TRL's chunked log-probs read the LM head's weight; the logits are never built")
     rows = f"the template's {len(tokens)} token rows ({' '.join(tokens)})"
-    if sharded_at_load:
+    if not trained_token_rows(stage, template, sharded_at_load):
         return LMHead(
             FUSED,
             f"{rows} stay as loaded: peft's trainable tokens cannot index the embeddings FSDP shards as it "
@@ -84,11 +94,11 @@ def lm_head(
         )
     if arch is not None and arch.output_head > 0:
         return LMHead(FUSED, f"LoRA trains {rows} in the input embeddings; the LM head is untied", True)
-    tied = "is tied to them" if arch is not None else "may be tied to them (the model is not present yet)"
+    tied = "is tied to" if arch is not None else "may be tied to (the model is not present yet)"
     cost = f", {format_bytes(4 * positions * arch.vocab_size)} in fp32 per micro-batch" if arch else ""
     return LMHead(
         PLAIN,
-        f"LoRA trains {rows} in the input embeddings, and the LM head {tied}: peft wraps it, and TRL's fused "
-        f"head cannot read the wrapper, so the loss is taken from the model's own logits{cost}",
+        f"LoRA trains {rows} in the embeddings, which the LM head {tied}: peft then wraps the head, which "
+        f"TRL's fused head cannot read, so the loss comes from the model's own logits{cost}",
         True,
     )

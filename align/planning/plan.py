@@ -24,7 +24,7 @@ from align.models.precision import PURE, compute_dtype, precision_problems, reso
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
-from align.planning.lora import LMHead, lm_head, lora_targets
+from align.planning.lora import LMHead, lm_head, lora_targets, trained_token_rows
 from align.planning.placement import (
     VALUE_ADAPTER,
     VALUE_NONE,
@@ -156,8 +156,10 @@ def workload(
     placement: Placement,
     arch: Architecture,
     reward_params: dict[int, int] | None = None,
+    token_rows: int = 0,
 ) -> Workload:
-    """What the memory plan counts for a stage; `reward_params` as `reward_model_params` gives them.
+    """What the memory plan counts for a stage; `reward_params` as `reward_model_params` gives them, and
+    `token_rows` the embedding rows LoRA trains beside its adapters (a chat template's, planning/lora.py).
 
     A PPO critic trains beside the policy: its head, and under `value: adapter` a second LoRA adapter
     whose forward through the shared trunk is kept for backward too. Rollouts (generation, and the
@@ -186,7 +188,7 @@ def workload(
         micro_batch_size=micro_batch(stage),
         seq_len=sequence_length(stage),
         gradient_checkpointing=bool(checkpointing),
-        extra_trainable=critic,
+        extra_trainable=critic + token_rows * arch.hidden_size,
         trunk_passes=2 if placement.value == VALUE_ADAPTER else 1,
     )
 
@@ -276,12 +278,15 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     targets = lora_targets(stage, where, arch)
     rewards = reward_model_params(pipeline, name, arch) if arch else {}
     precompute_asked = bool(trains and trl_setting(stage.kind, stage.trl, "precompute_ref_log_probs"))
+    template = resolve_template(value) if (value := pipeline.stage_chat_template(name)) else None
 
     def price(backend: Backend, placement: Placement) -> dict[str, MemoryEstimate]:
         """Every column of the backend's memory table for this stage (empty without an architecture)."""
         if arch is None:
             return {}
-        return backend.estimates(arch, workload(stage, precision, placement, arch, rewards), workers, stage)
+        rows = len(trained_token_rows(stage, template, backend.frozen_sharded))
+        work = workload(stage, precision, placement, arch, rewards, rows)
+        return backend.estimates(arch, work, workers, stage)
 
     def table(placement: Placement) -> dict[str, MemoryEstimate]:
         """Every backend's columns, each holding the models as `placement` does, so rows line up."""
@@ -323,7 +328,6 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         if lean_table[option].total <= hardware.device_memory * USABLE_FRACTION:
             placement, by_backend = lean, lean_table  # the copy is what does not fit: precompute instead
     policy_params = arch.param_count() if arch else 0
-    template = resolve_template(value) if (value := pipeline.stage_chat_template(name)) else None
     positions = micro_batch(stage) * sequence_length(stage) if trains else 0
     head = lm_head(stage, template, arch, backend.frozen_sharded, positions) if trains else None
     services = stage_services(stage, hardware.accelerator, policy_params, rewards, compute_dtype(precision))
@@ -365,12 +369,11 @@ def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
     if stage.memory is not None or arch is None:
         return stage
     rewards = reward_model_params(pipeline, stage.name, arch)
-    work = workload(stage.stage, stage.precision, stage.placement, arch, rewards)
-    by_backend = {
-        option: estimate
-        for backend in BACKENDS.values()
-        for option, estimate in backend.estimates(arch, work, stage.workers, stage.stage).items()
-    }
+    by_backend = {}
+    for backend in BACKENDS.values():
+        rows = len(trained_token_rows(stage.stage, stage.chat_template, backend.frozen_sharded))
+        work = workload(stage.stage, stage.precision, stage.placement, arch, rewards, rows)
+        by_backend.update(backend.estimates(arch, work, stage.workers, stage.stage))
     chosen = by_backend[BACKENDS[stage.backend].option(stage.stage)]
     return replace(stage, memory=chosen, memory_by_backend=by_backend)
 
