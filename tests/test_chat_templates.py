@@ -109,7 +109,9 @@ def test_a_template_comes_from_a_name_a_file_or_a_model_folder(tmp_path: Path) -
     templates = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": DONOR_TEMPLATE}]
     (named / "chat_template.json").write_text(json.dumps({"chat_template": templates}))
     assert resolve_template(str(named)).text == DONOR_TEMPLATE
-    with pytest.raises(ValueError, match="not a builtin chat template \\(chatml, llama3\\), a .jinja file"):
+    with pytest.raises(
+        ValueError, match="not a builtin chat template \\(chatml, llama3, chatml-tools\\), a .jinja file"
+    ):
         resolve_template("vicuna")
     with pytest.raises(ValueError, match=f"there is no file or folder {tmp_path}/none.jinja"):
         resolve_template(str(tmp_path / "none.jinja"))
