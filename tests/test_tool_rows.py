@@ -102,8 +102,7 @@ def test_the_tiny_models_own_chatml_drops_the_tool_call_and_validate_says_where(
     code, said = validate(capsys, pipeline(tmp_path, str(data)))
     assert code == 2, said
     assert (
-        "stages.sft.data.train" in said
-        and f"{data}: of 33 conversations rendered by tiny's own chat template" in said
+        "stages.sft.data.train" in said and f"{data}: of 33 rows rendered by tiny's own chat template" in said
     )
     assert "33 leave parts out: line 1 loses tools[0].function.name ('get_weather'), " in said
     assert "messages[2].tool_calls[0].function.name ('get_weather')" in said

@@ -93,25 +93,36 @@ def judge(
             row = normalize(raw)
         except RowProblem:
             continue  # the scan reports it
-        tools_of_row = schemas(row.get("tools"))
-        for turns, prompt_only in conversations(row):
-            checked += 1
-            try:
-                text = render(turns, tools_of_row, template, prompt_only, variables)
-            except Exception as error:  # noqa: BLE001 - a template is the user's code: any failure is its verdict
-                broken.append(
-                    f"{unit} {place} {failing_turn(turns, tools_of_row, template, variables, error)}"
-                )
-                tools = tools or uses_tools(turns, tools_of_row)
-                continue
-            if missing := left_out(text, expected(turns, tools_of_row)):
-                holes.append((place, missing))
-                tools = tools or any(
-                    ".tool_calls[" in field or field.startswith("tools[") for field, _ in missing
-                )
+        checked += bool(conversations(row))
+        missing, failure = row_verdict(row, template, variables)
+        if failure is not None:
+            broken.append(f"{unit} {place} {failure}")
+            tools = tools or any(
+                uses_tools(turns, schemas(row.get("tools"))) for turns, _ in conversations(row)
+            )
+        elif missing:
+            holes.append((place, missing))
+            tools = tools or any(
+                ".tool_calls[" in field or field.startswith("tools[") for field, _ in missing
+            )
     if not holes and not broken:
         return None
     return Dropped(wording(ref, unit, source, holes, broken, checked), tools)
+
+
+def row_verdict(
+    row: dict[str, Any], template: str, variables: dict[str, str]
+) -> tuple[list[tuple[str, str]], str | None]:
+    """The parts of a row its conversations lose in the template (each field once: prompt + chosen and
+    prompt + rejected share the prompt), and why the template cannot render one of them (None if it can)."""
+    tools, missing = schemas(row.get("tools")), {}
+    for turns, prompt_only in conversations(row):
+        try:
+            text = render(turns, tools, template, prompt_only, variables)
+        except Exception as error:  # noqa: BLE001 - a template is the user's code: any failure is its verdict
+            return [], failing_turn(turns, tools, template, variables, error)
+        missing.update(left_out(text, expected(turns, tools)))
+    return list(missing.items()), None
 
 
 def sampled(path: Path) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
@@ -294,7 +305,7 @@ def wording(
     hidden = max(len(holes) - SHOWN_ROWS, 0) + max(len(broken) - SHOWN_ROWS, 0)
     counts = [f"{len(holes)} leave parts out"] * bool(holes) + [f"{len(broken)} do not render"] * bool(broken)
     return (
-        f"{ref}: of {checked} conversations rendered by {source} as training renders them, "
+        f"{ref}: of {checked} rows rendered by {source} as training renders them, "
         f"{' and '.join(counts)}: {'; '.join(parts)}" + (f"; and {hidden} more" if hidden else "")
     )
 
