@@ -234,3 +234,20 @@ def test_under_chatml_tools_a_stage_trains_on_every_turn_and_not_on_tool_results
         '<tool_response>\n{"temp_c": 10}\n</tool_response>' in masked
         and "What is the weather in Paris?" in masked
     )
+
+
+@pytest.mark.parametrize("renames", [{}, {"conversation": "messages"}])
+def test_tools_reach_trl_as_written_in_either_form(tmp_path: Path, renames: dict[str, str]) -> None:
+    """A file's `tools` lists of schemas that differ load as written, renamed or not; JSON strings stay
+    strings (TRL's trainers parse them). Parsing them into lists in a `map` would not do: Arrow then gives
+    every schema the union of their properties, the missing ones null."""
+    from align.data.loading import load_data
+
+    search = {"type": "function", "function": {"name": "search", "parameters": {"properties": {"q": {}}}}}
+    key = next(iter(renames), "messages")
+    for tools in ([[*TOOLS, search], [search], TOOLS], [json.dumps(TOOLS), json.dumps([search])]):
+        rows = [{key: tool_row(index)["messages"], "tools": listed} for index, listed in enumerate(tools)]
+        data = write_rows(tmp_path / "tools.jsonl", rows)
+        loaded = load_data(str(data), "sft", "stages.sft.data.train", renames)
+        assert [row["tools"] for row in loaded] == tools
+        assert loaded[0]["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
