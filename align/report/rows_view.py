@@ -95,6 +95,7 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
     counts over all of them (kept for `align plan`)."""
     from align.data.mixtures import stage_rows
     from align.stages.context import StageContext, explicit_prompt, stage_config, stage_tokenizer
+    from align.stages.preamble import data_processes
     from align.stages.prepared import counted_lengths, cut, empty_rows_problem, prepare
 
     name = chosen_stage(plan, name)
@@ -105,7 +106,8 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
         found = stage_rows(stage.stage.data, stage.data_kind, stage.seed, stage.where)
         side = "left" if stage.kind in ("dpo", *PROMPT_KINDS) else "right"
         tokenizer = stage_tokenizer(ctx, padding_side=side)
-        config = stage_config(ctx)
+        # a large file is prepared in several processes, as the stage's rank prepares it
+        config = stage_config(ctx, data_processes(ctx, len(found.train)))
     train = explicit_prompt(found.train)
     if stage.kind == "kto":  # unpaired as the runner unpairs it: each pair is two rows
         from align.stages.kto import prompted, unpaired
