@@ -112,8 +112,8 @@ def test_the_plan_reads_the_head_as_peft_will_wrap_it(tmp_path, bare, capsys):
     assert (heads["dpo"].path, heads["dpo"].template_rows) == (PLAIN, True)
     # the logits the plain path builds: 4 sequences (8 for 4 DPO pairs) x 64 tokens x the vocabulary
     vocab = AutoModelForCausalLM.from_pretrained(bare).config.vocab_size
-    assert f"{4 * 4 * 64 * vocab / 1e6:.2f} MB in fp32 per micro-batch" in heads["tied"].reason
-    assert f"{4 * 8 * 64 * vocab / 1e6:.2f} MB in fp32 per micro-batch" in heads["dpo"].reason
+    assert f"logits ({4 * 4 * 64 * vocab / 1e6:.2f} MB in fp32 per micro-batch" in heads["tied"].reason
+    assert f"logits ({4 * 8 * 64 * vocab / 1e6:.2f} MB in fp32 per micro-batch" in heads["dpo"].reason
     assert (heads["untied"].path, heads["untied"].template_rows) == (FUSED, True)
     assert (heads["full"].path, heads["full"].template_rows) == (FUSED, False)
     assert (heads["sharded"].path, heads["sharded"].template_rows) == (FUSED, False)

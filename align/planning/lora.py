@@ -95,7 +95,8 @@ def lm_head(
     if arch is not None and arch.output_head > 0:
         return LMHead(FUSED, f"LoRA trains {rows} in the input embeddings; the LM head is untied", True)
     tied = "is tied to" if arch is not None else "may be tied to (the model is not present yet)"
-    cost = f", {format_bytes(4 * positions * arch.vocab_size)} in fp32 per micro-batch" if arch else ""
+    cost = f" ({format_bytes(4 * positions * arch.vocab_size)} in fp32 per micro-batch, a few copies at once)"
+    cost = cost if arch is not None else ""
     return LMHead(
         PLAIN,
         f"LoRA trains {rows} in the embeddings, which the LM head {tied}: peft then wraps the head, which "
