@@ -33,6 +33,9 @@ def trainer_view(kind: str, tokenizer: Any, config: Any, sample: dict[str, Any])
             view.chat_template = get_training_chat_template(tokenizer)
         only = config.completion_only_loss
         view.completion_only_loss = ("prompt" in sample and "completion" in sample) if only is None else only
+    if kind == "kto":  # its KL completions and its desirability weights (trl/trainer/kto_trainer.py)
+        view.calculate_KL = config.loss_type != "apo_zero_unpaired"
+        view.desirable_weight, view.undesirable_weight = config.desirable_weight, config.undesirable_weight
     return view
 
 
