@@ -151,10 +151,21 @@ class RewardStage(TrainingStage):
     kind: Literal["reward"]
 
 
+class NoSignalSpec(Strict):
+    """When an RL stage says it is learning nothing (align/stages/signal.py): `share` or more of its groups
+    (PPO: rollouts) had identical rewards in each of the last `logs` logs."""
+
+    share: Annotated[float, Field(gt=0, le=1)] = 0.9
+    logs: Annotated[int, Field(gt=0)] = 3
+
+
 class RewardedStage(TrainingStage):
     """Online RL on prompts: each reward is a function or a reward model, weighted."""
 
     rewards: Annotated[list[RewardSpec], Field(min_length=1)]
+    no_signal: NoSignalSpec | None = Field(default=NoSignalSpec(), exclude=True)
+    """When to say that the rewards give nothing to learn from (null: never); what is said changes nothing
+    trained, so it is left out of the stage's fingerprint."""
 
 
 class RLStage(RewardedStage):

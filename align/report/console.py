@@ -39,6 +39,8 @@ SHOWN_METRICS = (
     "reward_mean_after",
     "train_kl_last",
 )
+SAID_METRICS = ("no_signal_at_start", "no_signal")
+"""Lines a stage said while it ran (an RL stage with nothing to learn from), repeated under its summary."""
 
 
 def memory_table(stage) -> list[str]:
@@ -134,6 +136,7 @@ def format_outcomes(outcomes) -> str:
             f"{key}={outcome.metrics[key]:.4g}" for key in SHOWN_METRICS if key in outcome.metrics
         )
         lines.append(f"  {outcome.stage:<10} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
+        lines += [f"    {outcome.metrics[key]}" for key in SAID_METRICS if key in outcome.metrics]
         lines += format_eval(outcome.metrics)  # an eval stage's table; nothing for the others
     return "\n".join(lines)
 
@@ -179,11 +182,15 @@ class ProgressLine:
         self.lines: dict[str, str] = {}  # the drawn block, one line per running stage
         self.tenths: dict[str, int] = {}
         self.phases: dict[str, str] = {}  # the phase last printed per stage, off a terminal
+        self.notes: dict[str, int] = {}  # how many of each stage's notes are printed
         self.lock = threading.RLock()  # a signal may land in the main thread while it draws
 
     def update(self, stage: str, entry: dict) -> None:
         line = format_progress(stage, entry)
         with self.lock:
+            for note in entry.get("notes", [])[self.notes.get(stage, 0) :]:  # each once, as it comes
+                self.event(f"[{stage}] {note}")
+            self.notes[stage] = len(entry.get("notes", []))
             if self.live:
                 self.erase()
                 self.lines[stage] = line[: shutil.get_terminal_size().columns - 1]  # one row each

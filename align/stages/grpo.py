@@ -6,16 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from align.planning.plan import ModelInput
 from align.stages.context import StageContext, StageResult, merged_input
 from align.stages.preamble import preamble
-from align.stages.rl import held_out_rewards, stage_rewards
+from align.stages.rl import held_out_measure, signal_watch, stage_rewards
 from align.stages.rollout_clock import RolloutClock
 from align.stages.services import Waited, remote_rewards
-from align.stages.training import Training, no_measure, suffixed, train_stage
+from align.stages.signal import Scored
+from align.stages.training import Training, train_stage
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
+
+
+def latest_batch(trainer: Any) -> Scored | None:
+    """The last generation batch, every rank's, as TRL keeps it for its completions table (`_logs`: the
+    completions and each reward's value by the name TRL logs it under)."""
+    kept = getattr(trainer, "_logs", None)
+    if not kept or not kept.get("completion"):
+        return None
+    return Scored(list(kept["completion"]), {name: list(values) for name, values in kept["rewards"].items()})
 
 
 @contextmanager
@@ -45,15 +56,10 @@ def run(ctx: StageContext) -> StageResult:
             reward_processing_classes=rewards.tokenizers,
             **{**start.trainer_kwargs(policy), "eval_dataset": None},
         )
-    held_out = start.evaluation
     clock = RolloutClock(trainer)
-
-    def mean_rewards(phase: str) -> dict[str, float]:
-        with waited.paused():
-            measured = held_out_rewards(trainer.model, tokenizer, held_out, rewards, config, ctx.plan.seed)
-        return suffixed(measured, phase)
-
-    measure = mean_rewards if held_out is not None else no_measure
+    watch = signal_watch(start, lambda: latest_batch(trainer))
+    trainer.add_callback(watch)
+    measure = held_out_measure(start, lambda: trainer.model, rewards, waited.paused, watch)
     training = Training(
         trainer,
         tokenizer,
@@ -61,6 +67,6 @@ def run(ctx: StageContext) -> StageResult:
         held_out=measure,
         curves=(("reward", "reward"),),
         sample_prompts=start.sample_prompts(),
-        run_metrics=lambda: {**clock.split(), **waited.split()},
+        run_metrics=lambda: {**clock.split(), **waited.split(), **watch.metrics()},
     )
     return train_stage(ctx, training)

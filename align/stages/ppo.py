@@ -20,9 +20,9 @@ import torch
 from align.planning.placement import VALUE_ADAPTER
 from align.stages.context import StageContext, StageResult, on_training_device
 from align.stages.preamble import Preamble, preamble
-from align.stages.rl import Rewards, held_out_rewards, stage_rewards
+from align.stages.rl import Rewards, held_out_measure, signal_watch, stage_rewards
 from align.stages.services import Waited, ppo_reference, remote_rewards
-from align.stages.training import Training, no_measure, suffixed, train_stage
+from align.stages.training import Training, train_stage
 from align.trainers.policy_value import PolicyAndValue, add_value_adapter
 from align.trainers.ppo import PPOTrainer, RewardFn
 
@@ -74,15 +74,10 @@ def run(ctx: StageContext) -> StageResult:
         processing_class=tokenizer,
         callbacks=ctx.callbacks(),
     )
-    held_out = start.evaluation
-
-    def mean_rewards(phase: str) -> dict[str, float]:
-        with waited.paused():
-            measured = held_out_rewards(policy, tokenizer, held_out, rewards, config, ctx.plan.seed)
-        return suffixed(measured, phase)
-
+    watch = signal_watch(start, lambda: rewards.latest, unit="rollouts")
+    trainer.add_callback(watch)
+    measure = held_out_measure(start, lambda: policy, rewards, waited.paused, watch)
     curves = (("reward", "reward"), ("objective/kl", "kl"))
-    measure = mean_rewards if held_out is not None else no_measure
     training = Training(
         trainer,
         tokenizer,
@@ -92,6 +87,6 @@ def run(ctx: StageContext) -> StageResult:
         model=model,
         sample_prompts=start.sample_prompts(),
         sampler=policy,
-        run_metrics=lambda: {**trainer.time_split(), **waited.split()},
+        run_metrics=lambda: {**trainer.time_split(), **waited.split(), **watch.metrics()},
     )
     return train_stage(ctx, training)

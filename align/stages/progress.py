@@ -1,6 +1,8 @@
 """A small file the running stage keeps current (`logs/progress.json`): the driver's progress line and
 `align status` read it, so the console needs none of the workers' output. Before the first step it names
-what the stage is doing (`phase`): loading and tokenizing a large file can take minutes."""
+what the stage is doing (`phase`): loading and tokenizing a large file can take minutes. `notes` are lines
+said once each (an RL stage that has nothing to learn from), kept in every later write so the driver, which
+reads the file now and then, sees each."""
 
 from __future__ import annotations
 
@@ -18,12 +20,44 @@ SHOWN = ("loss", "reward", "rewards/mean", "eval_loss")
 """Logged values worth a place on the progress line, first found wins."""
 
 
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def current(path: Path) -> dict:
+    """What the file says now ({} when it is absent or mid-replace)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def with_notes(path: Path, entry: dict) -> str:
+    """`entry` as JSON, with the notes the file holds so far."""
+    notes = current(path).get("notes")
+    return json.dumps({**entry, "notes": notes} if notes else entry)
+
+
 def note_phase(logs_dir: Path, phase: str) -> None:
     """On rank 0, what the stage does before its first step (`loading the data`), shown until training
     starts."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if is_rank_zero():
         now = time.time()
-        write_atomically(logs_dir / PROGRESS, json.dumps({"phase": phase, "started": now, "time": now}))
+        path = logs_dir / PROGRESS
+        write_atomically(path, with_notes(path, {"phase": phase, "started": now, "time": now}))
+
+
+def add_note(logs_dir: Path, note: str) -> None:
+    """On rank 0, a line the console prints once (and the file keeps), beside whatever the file says."""
+    path = logs_dir / PROGRESS
+    entry = current(path)
+    notes = entry.get("notes", [])
+    if not is_rank_zero() or note in notes:
+        return
+    if "step" not in entry and "phase" not in entry:  # nothing to show beside it yet
+        now = time.time()
+        entry = {"phase": "starting", "started": now, "time": now}
+    write_atomically(path, json.dumps({**entry, "notes": [*notes, note]}))
 
 
 class ProgressFile(TrainerCallback):
@@ -62,4 +96,4 @@ class ProgressFile(TrainerCallback):
             "time": self.written,
             "value": self.last_value,
         }
-        write_atomically(self.path, json.dumps(entry))
+        write_atomically(self.path, with_notes(self.path, entry))

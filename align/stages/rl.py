@@ -10,6 +10,7 @@ fixed seed and the same rewards score them: the mean is the number RL is meant t
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,9 @@ from align.models.loading import load_pretrained, load_tokenizer
 from align.planning.placement import REWARD_MODELS_SHARDED
 from align.rewards import guarded_function
 from align.stages.context import StageContext
+from align.stages.preamble import Preamble
+from align.stages.signal import Scored, SignalWatch
+from align.stages.training import no_measure, suffixed
 from align.trainers.sampling import decode, generate
 
 EVAL_SAMPLES = 4  # completions per held-out prompt
@@ -69,12 +73,13 @@ def frozen_reward_model(
 @dataclass
 class Rewards:
     """A stage's rewards in its order: callables or models, their tokenizers (None for a function),
-    names (as logged) and weights."""
+    names (as logged) and weights; `latest`, the last batch scored here (what PPO's no-signal line shows)."""
 
     sources: list[Any]
     tokenizers: list[Any]
     names: list[str]
     weights: list[float]
+    latest: Scored | None = None
 
     def score(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
@@ -87,6 +92,7 @@ class Rewards:
             else:
                 found = source(prompts=prompts, completions=completions, **columns)
                 values[name] = [0.0 if value is None else value for value in found]
+        self.latest = Scored(list(completions), values)
         return values
 
     def total(self, values: dict[str, list[float]]) -> list[float]:
@@ -161,10 +167,10 @@ def sample_completions(policy: Any, tokenizer: Any, prompts: list[Any], config: 
 
 
 @torch.no_grad()
-def held_out_rewards(
+def held_out_scores(
     policy: Any, tokenizer: Any, rows: Any, rewards: Rewards, config: Any, seed: int
-) -> dict[str, float]:
-    """Mean weighted reward, and each reward's mean, of seeded samples for the held-out prompts."""
+) -> Scored:
+    """Seeded samples for the held-out prompts, each reward's value and the weighted total of each."""
     was_training = policy.training
     policy.eval()
     prompts = list(rows["prompt"]) * EVAL_SAMPLES
@@ -172,6 +178,45 @@ def held_out_rewards(
     policy.train(was_training)
     columns = {key: list(rows[key]) * EVAL_SAMPLES for key in rows.column_names if key != "prompt"}
     values = rewards.score(prompts, completions, columns)
-    means = {f"reward_{name}": sum(found) / max(len(found), 1) for name, found in values.items()}
-    total = rewards.total(values)
-    return {"reward_mean": sum(total) / max(len(total), 1), **means}
+    return Scored(completions, values, rewards.total(values))
+
+
+def reward_means(scored: Scored) -> dict[str, float]:
+    """Mean weighted reward (`reward_mean`), and each reward's mean (`reward_<name>`)."""
+    means = {f"reward_{name}": sum(found) / max(len(found), 1) for name, found in scored.values.items()}
+    totals = scored.totals or []
+    return {"reward_mean": sum(totals) / max(len(totals), 1), **means}
+
+
+def held_out_measure(
+    start: Preamble,
+    policy: Callable[[], Any],
+    rewards: Rewards,
+    paused: Callable[[], AbstractContextManager],
+    watch: SignalWatch,
+) -> Callable[[str], dict[str, float]]:
+    """An RL runner's `Training.held_out`: the held-out means before and after training, sampled from
+    `policy()` while `paused()` (the wait on reward services stops counting); before training, the watch
+    reads the samples for a start with nothing to learn from."""
+    if start.evaluation is None:
+        return no_measure
+
+    def measure(phase: str) -> dict[str, float]:
+        with paused():
+            scored = held_out_scores(
+                policy(), start.tokenizer, start.evaluation, rewards, start.config, start.ctx.plan.seed
+            )
+        if phase == "before":
+            watch.at_start(scored)
+        return suffixed(reward_means(scored), phase)
+
+    return measure
+
+
+def signal_watch(start: Preamble, latest: Callable[[], Scored | None], unit: str = "groups") -> SignalWatch:
+    """The stage's watch for a run with nothing to learn from (align/stages/signal.py), as `no_signal:` sets
+    it; `latest()` gives the latest batch of completions and their rewards."""
+    ctx, limit = start.ctx, start.config.max_completion_length
+    return SignalWatch(
+        ctx.plan.stage.no_signal, ctx.output_dir / "logs", latest, start.tokenizer, limit, unit
+    )

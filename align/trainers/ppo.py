@@ -16,7 +16,9 @@ The reference is the policy with its adapters disabled under LoRA, else a frozen
 backend; the critic is a value head on the policy's trunk, or its own LoRA adapter on the same frozen base
 plus a head (`value: adapter`). Logged keys follow TRL's last PPO: objective/kl, objective/scores,
 objective/rlhf_reward, objective/non_score_reward, loss/policy_avg, loss/value_avg, policy/clipfrac_avg,
-policy/approxkl_avg, val/clipfrac_avg, val/num_eos_tokens; `reward` is the mean score as GRPO logs it.
+policy/approxkl_avg, val/clipfrac_avg, val/num_eos_tokens; as GRPO logs them, `reward` (the mean score),
+`reward_std` and `frac_reward_zero_std` (1 for a rollout whose scores have no spread: nothing to learn)
+and `completions/clipped_ratio`.
 
 A checkpoint holds what a resume needs to go on exactly as if never stopped: the Trainer's own files plus the
 policy, the critic and PPO's state (KL coefficient, counters, the rollout in progress), as
@@ -165,19 +167,14 @@ class PPOTrainer(Trainer):
 
     def micro_batch_order(self, rows: int) -> list[torch.Tensor]:
         """Row indices of each micro-batch: every epoch a fresh shuffle, cut into mini- then micro-batches."""
-        size = self.args.per_device_train_batch_size
-        order = []
-        for _ in range(self.args.num_ppo_epochs):
-            shuffled = torch.randperm(rows, generator=self.shuffle)
-            order += list(shuffled.split(size))
-        return order
+        size, epochs = self.args.per_device_train_batch_size, range(self.args.num_ppo_epochs)
+        return [batch for _ in epochs for batch in torch.randperm(rows, generator=self.shuffle).split(size)]
 
     # --- the rollout ---
 
     @torch.no_grad()
     def make_rollout(self, rows: list[dict[str, Any]]) -> Rollout:
-        args = self.args
-        wrapper = self.model
+        args, wrapper = self.args, self.model
         wrapper.eval()
         prompts = [row["prompt"] for row in rows]
         started = synced_clock()
@@ -196,8 +193,7 @@ class PPOTrainer(Trainer):
         self.seconds["generate"] += generated - started
         columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
         scores, by_reward = self.rewards(prompts, decode(self.processing_class, sampled, prompts), columns)
-        device = sampled.completion_ids.device
-        scores = torch.tensor(scores, dtype=torch.float32, device=device)
+        scores = torch.tensor(scores, dtype=torch.float32, device=sampled.completion_ids.device)
         if args.missing_eos_penalty is not None and args.stop_token == "eos":
             scores = scores - args.missing_eos_penalty * (~sampled.ended).float()
         input_ids, attention_mask = sampled.input_ids, sampled.attention_mask
@@ -266,12 +262,16 @@ class PPOTrainer(Trainer):
     ) -> None:
         """Rollout statistics averaged over ranks; the adaptive KL controller steps on the global KL."""
         kl_per_sequence = kl.sum(dim=1)
+        spread = self.accelerator.gather(scores).std(correction=0)  # over every rank's rollout
         local = {
             "objective/kl": kl_per_sequence.mean(),
             "objective/scores": scores.mean(),
             "objective/non_score_reward": (-self.kl_coef * kl_per_sequence).mean(),
             "objective/rlhf_reward": (scores - self.kl_coef * kl_per_sequence).mean(),
             "val/num_eos_tokens": ended.float().mean(),
+            "completions/clipped_ratio": (~ended).float().mean(),
+            "reward_std": spread,
+            "frac_reward_zero_std": torch.isclose(spread, torch.zeros_like(spread)).float(),
             "completion_length": mask.sum(dim=1).mean(),
             **{
                 f"rewards/{name}": torch.tensor(values, dtype=torch.float32).mean()
