@@ -16,6 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -113,8 +114,38 @@ def length_target(completions: list[Any], *, target: int = 20, unit: str = "word
     return [max(0.0, 1.0 - abs(size - target) / target) for size in sizes]
 
 
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+MARKED = (re.compile(r"####\s*([^\n]*)"), re.compile(r"\\boxed\{([^{}]*)\}"))
+"""Where a solution marks its answer: GSM8K's `#### 72`, or LaTeX's `\boxed{72}`; the last one counts."""
+
+
+def final_number_of(text: str) -> Decimal | None:
+    """The number a worked solution ends on: the first number after its last answer marker, else its last
+    number (`1,234` and `$1234.00` are 1234); None when there is none."""
+    for marker in MARKED:
+        if found := marker.findall(text):
+            numbers = NUMBER.findall(found[-1])[:1]
+            break
+    else:
+        numbers = NUMBER.findall(text)[-1:]
+    return Decimal(numbers[0].replace(",", "")) if numbers else None
+
+
+def final_number(completions: list[Any], answer: list[Any] | None = None, **_: Any) -> list[float]:
+    """1 when the completion's final number (`final_number_of`) equals the row's `answer`'s, a GSM8K
+    solution (`... #### 72`) or a bare number; else 0, and 0 for a completion or answer with no number."""
+    if answer is None:
+        raise ValueError("final_number compares with an `answer` column; the prompts data has none")
+    scores = []
+    for completion, expected in zip(completions, answer, strict=True):
+        found, wanted = final_number_of(completion_text(completion)), final_number_of(str(expected))
+        scores.append(float(found is not None and found == wanted))
+    return scores
+
+
 SHIPPED: dict[str, Callable[..., list[float]]] = {
     "exact_answer": exact_answer,
+    "final_number": final_number,
     "format": format_match,
     "length": length_target,
 }

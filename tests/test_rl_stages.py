@@ -102,9 +102,8 @@ def test_unknown_function_and_bad_args_are_all_reported(tmp_path, capsys) -> Non
     ]
     code, err = validate(capsys, write(tmp_path, {"sft": sft_stage(), "grpo": rl_stage("grpo", rewards)}))
     assert code == 2
-    assert (
-        "rewards[0].function: 'exact' is not a shipped reward function (exact_answer, format, length)" in err
-    )
+    shipped = "exact_answer, final_number, format, length"
+    assert f"rewards[0].function: 'exact' is not a shipped reward function ({shipped})" in err
     assert "rewards[1].args: length takes no argument 'taget'; it takes: target, unit" in err
     assert "rewards[2].args: format cannot run with these args" in err
 
