@@ -22,6 +22,7 @@ from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.lora import FUSED, PLAIN
 from align.planning.plan import build
+from align.stages.context import token_rows_by_module
 from tests.families import FAMILIES, build_family
 from tests.pipelines import (
     PREF_DATA,
@@ -84,6 +85,11 @@ def pipeline_file(folder: Path, family: str) -> Path:
     return path
 
 
+def tied_head(folder: Path) -> bool:
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
 def trainable(model: torch.nn.Module) -> int:
     return sum(param.numel() for param in model.parameters() if param.requires_grad)
 
@@ -94,10 +100,10 @@ def test_the_plan_counts_peft_exactly_and_reads_the_head_as_peft_wraps_it(models
     tokenizer = AutoTokenizer.from_pretrained(models / "models" / family)
     rows = tokenizer.convert_tokens_to_ids(list(CHATML.special_tokens))
     model = AutoModelForCausalLM.from_pretrained(models / "models" / family)
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     built = sum(param.numel() for param in model.parameters())
+    indices = token_rows_by_module(model, rows)  # in an untied head too
     with_rows = get_peft_model(
-        model, LoraConfig(r=8, target_modules="all-linear", trainable_token_indices=rows)
+        model, LoraConfig(r=8, target_modules="all-linear", trainable_token_indices=indices)
     )
     model = AutoModelForCausalLM.from_pretrained(models / "models" / family)
     without_rows = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
@@ -105,9 +111,7 @@ def test_the_plan_counts_peft_exactly_and_reads_the_head_as_peft_wraps_it(models
     assert plan["sft"].memory.trainable_params == trainable(with_rows)
     assert plan["fsdp_lora"].memory.trainable_params == trainable(without_rows)  # fsdp: no rows train
     assert plan["full"].memory.trainable_params == built
-    assert (plan["sft"].lm_head.path, plan["dpo"].lm_head.path) == (
-        (PLAIN, PLAIN) if tied else (FUSED, FUSED)
-    )
+    assert (plan["sft"].lm_head.path, plan["dpo"].lm_head.path) == (PLAIN, PLAIN)  # peft wraps the head
     assert (plan["full"].lm_head.path, plan["fsdp_lora"].lm_head.path) == (FUSED, FUSED)
     if family in SHARDED:
         assert plan["fsdp_full"].memory.trainable_params == built
@@ -173,7 +177,10 @@ def test_what_each_mode_writes_carries_the_template_and_chats_in_plain_transform
             assert deltas == []  # the rows stay as loaded under fsdp, as the plan says
             continue
         ids = tokenizer.convert_tokens_to_ids(list(CHATML.special_tokens))
-        assert len(deltas) == 1 and not torch.allclose(deltas[0], rows[ids]), name  # the rows trained
+        assert len(deltas) == (1 if tied_head(base) else 2), (
+            name
+        )  # the embeddings' rows, and an untied head's
+        assert not torch.allclose(deltas[0], rows[ids]), name  # the rows trained
     for name in ("merge", "full"):
         folder = stage_folder(path, name) / "model"
         tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)

@@ -4,11 +4,13 @@ modules, whether the chat template's token rows train, and how the trainer reads
 TRL 1.16's SFT, DPO, KTO, GRPO and RLOO trainers patch the model with a fused LM head
 (`trl.trainer.utils.add_fused_lm_head`): the loss reads `lm_head.weight` and `lm_head.bias` and projects
 only the labelled positions, in tiles, never building the logits. TRL has no setting to turn it off. Under
-LoRA, the rows of a template's special tokens train through peft's `trainable_token_indices`; on a model
-whose LM head is tied to its input embeddings, peft wraps the head too (in a `TrainableTokensWrapper` that
-shares the embeddings' trained rows), and that wrapper has no `bias`: the fused head fails in the first step.
-There the trainer's calls are answered from the model's own logits (`plain`, align/stages/lm_head.py), which
-read the wrapper as the model's forward does: trained rows with the adapters on, loaded ones with them off.
+LoRA, the rows of a template's special tokens train through peft's `trainable_token_indices`: in the input
+embeddings, and in an untied LM head too (a new token's head row starts as the mean of the others, and the
+model would never learn to end a turn). peft wraps the head either way (a `TrainableTokensWrapper`, for a
+tied head sharing the embeddings' trained rows), and that wrapper has no `bias`: the fused head fails in
+the first step. There the trainer's calls are answered from the model's own logits (`plain`,
+align/stages/lm_head.py), which read the wrapper as the model's forward does: trained rows with the
+adapters on, loaded ones with them off.
 """
 
 from __future__ import annotations
@@ -77,9 +79,8 @@ def lm_head(
 ) -> LMHead | None:
     """The LM-head decision of a kind in FUSED_HEAD_KINDS (None for the others).
 
-    Where the template's rows train and the head is tied to the embeddings (or not known yet: plain runs on
-    any head), peft wraps the head: `plain`. `positions` (sequences x tokens per micro-batch) prices the
-    logits the plain path builds."""
+    Where the template's rows train, peft wraps the head (tied, or untied with its own rows): `plain`.
+    `positions` (sequences x tokens per micro-batch) prices the logits the plain path builds."""
     if stage.kind not in FUSED_HEAD_KINDS:
         return None
     tokens = template.special_tokens if template is not None else ()
@@ -92,14 +93,28 @@ def lm_head(
             f"{rows} stay as loaded: peft's trainable tokens cannot index the embeddings FSDP shards as it "
             "loads; train them under zero2 or ddp, or start from a model whose rows are trained",
         )
-    if arch is not None and arch.output_head > 0:
-        return LMHead(FUSED, f"LoRA trains {rows} in the input embeddings; the LM head is untied", True)
-    tied = "is tied to" if arch is not None else "may be tied to (the model is not present yet)"
-    cost = f" ({format_bytes(4 * positions * arch.vocab_size)} in fp32 per micro-batch, a few copies at once)"
-    cost = cost if arch is not None else ""
+    if arch is None:
+        head = "which the LM head may be tied to (the model is not present yet): peft then wraps the head"
+    elif arch.output_head > 0:
+        head = "and in the untied LM head, where a new token's row must learn too or the model never ends a "
+        head += "turn: peft wraps the head"
+    else:
+        head = "which the LM head is tied to: peft then wraps the head"
+    cost = (
+        "" if arch is None else f" ({format_bytes(4 * positions * arch.vocab_size)} in fp32 per micro-batch)"
+    )
     return LMHead(
         PLAIN,
-        f"LoRA trains {rows} in the embeddings, which the LM head {tied}: peft then wraps the head, which "
-        f"TRL's fused head cannot read, so the loss comes from the model's own logits{cost}",
+        f"LoRA trains {rows} in the embeddings, {head}, which TRL's fused head cannot read, so the loss "
+        f"comes from the model's own logits{cost}",
         True,
     )
+
+
+def trained_rows(
+    stage: StageBase, template: ChatTemplate | None, sharded_at_load: bool, arch: Architecture
+) -> int:
+    """How many embedding rows LoRA trains beside its adapters: each template token's row in the input
+    embeddings, and in the LM head too when it is untied (align/stages/context.py `peft_config`)."""
+    tokens = len(trained_token_rows(stage, template, sharded_at_load))
+    return tokens * (2 if arch.output_head > 0 else 1)

@@ -24,7 +24,7 @@ from align.models.precision import PURE, compute_dtype, precision_problems, reso
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
-from align.planning.lora import LMHead, lm_head, lora_targets, trained_token_rows
+from align.planning.lora import LMHead, lm_head, lora_targets, trained_rows
 from align.planning.placement import (
     VALUE_ADAPTER,
     VALUE_NONE,
@@ -284,7 +284,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         """Every column of the backend's memory table for this stage (empty without an architecture)."""
         if arch is None:
             return {}
-        rows = len(trained_token_rows(stage, template, backend.frozen_sharded))
+        rows = trained_rows(stage, template, backend.frozen_sharded, arch)
         work = workload(stage, precision, placement, arch, rewards, rows)
         return backend.estimates(arch, work, workers, stage)
 
@@ -371,7 +371,7 @@ def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
     rewards = reward_model_params(pipeline, stage.name, arch)
     by_backend = {}
     for backend in BACKENDS.values():
-        rows = len(trained_token_rows(stage.stage, stage.chat_template, backend.frozen_sharded))
+        rows = trained_rows(stage.stage, stage.chat_template, backend.frozen_sharded, arch)
         work = workload(stage.stage, stage.precision, stage.placement, arch, rewards, rows)
         by_backend.update(backend.estimates(arch, work, stage.workers, stage.stage))
     chosen = by_backend[BACKENDS[stage.backend].option(stage.stage)]

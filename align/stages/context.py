@@ -183,11 +183,12 @@ def stage_tokenizer(ctx: StageContext, *, padding_side: str = "right"):
     return tokenizer
 
 
-def peft_config(plan: StagePlan, tokenizer: Any = None):
+def peft_config(plan: StagePlan, tokenizer: Any = None, model: Any = None):
     """PEFT's LoraConfig for a stage's `lora:` block, on the targets the plan resolved against the model
     (MoE weights through `target_parameters`); TRL applies it and handles 4-bit preparation. With a chat
     template and the stage's `tokenizer`, the embedding rows of the template's special tokens train too, where
-    the plan says they do (align/planning/lora.py)."""
+    the plan says they do (align/planning/lora.py): in the input embeddings, and in `model`'s LM head too
+    when it is untied."""
     lora = plan.stage.lora
     if lora is None:
         return None
@@ -203,9 +204,20 @@ def peft_config(plan: StagePlan, tokenizer: Any = None):
         lora_dropout=lora.dropout,
         target_modules=modules or None,
         target_parameters=list(targets.parameters) or None,
-        trainable_token_indices=rows or None,
+        trainable_token_indices=token_rows_by_module(model, rows) or None,
         task_type="CAUSAL_LM",
     )
+
+
+def token_rows_by_module(model: Any, rows: list[int]) -> list[int] | dict[str, list[int]]:
+    """peft's `trainable_token_indices`: the rows, in the input embeddings only (a tied head shares them),
+    or by module name in both the input embeddings and an untied LM head."""
+    head = model.get_output_embeddings() if rows and model is not None else None
+    embeddings = model.get_input_embeddings() if head is not None else None
+    if head is None or head.weight is embeddings.weight:
+        return rows
+    names = {module: name.rpartition(".")[2] for name, module in model.named_modules()}
+    return {names[embeddings]: rows, names[head]: rows}
 
 
 def stage_data(ctx: StageContext) -> tuple[Any, Any]:

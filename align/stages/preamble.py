@@ -59,14 +59,16 @@ class Preamble:
         lengths = counted_lengths(self.ctx, train, self.tokenizer, self.config)
         refuse_empty_rows(self.ctx.plan, lengths)
         self.counts = lengths.metrics() if lengths is not None else {}
+        model = self.load_model() if model is None else model
         return {
-            "model": self.load_model() if model is None else model,
+            "model": model,
             "args": self.config,
             "train_dataset": train,
             "eval_dataset": self.evaluation,
             "processing_class": self.tokenizer,
             "callbacks": self.ctx.callbacks(),
-            "peft_config": peft_config(self.ctx.plan, self.tokenizer),  # the template's tokens train too
+            # the template's tokens train too, in an untied head as well
+            "peft_config": peft_config(self.ctx.plan, self.tokenizer, model),
         }
 
 
