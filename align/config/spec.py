@@ -24,6 +24,7 @@ from align.config.data_settings import DataSpec
 from align.config.eval_settings import EvalDataSpec, GenerationSpec, LmEvalSpec
 from align.config.placement import ReferenceSpec
 from align.config.strict import Strict
+from align.config.teacher import TeacherSpec
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -198,6 +199,15 @@ class PPOStage(RewardedStage):
         return value
 
 
+class DistillStage(TrainingStage):
+    """On-policy distillation with TRL's DistillationTrainer: the stage's model (the student) samples
+    completions of its prompts and learns the teacher's next-token distribution on them (generalized JSD at
+    `trl.beta`). The teacher must share the student's vocabulary (align/pipeline/teacher_checks.py)."""
+
+    kind: Literal["distill"]
+    teacher: TeacherSpec
+
+
 class MergeStage(StageBase):
     """Merge the adapter(s) of `model` into their base and check the logits still match."""
 
@@ -276,6 +286,9 @@ KINDS: dict[str, StageKind] = {
     "rloo": StageKind(RLStage, "trl.RLOOConfig", "prompts", "with_kl", 1, "align.stages.grpo"),
     "ppo": StageKind(
         PPOStage, "align.trainers.ppo_config.PPOConfig", "prompts", "always", 1, "align.stages.ppo"
+    ),
+    "distill": StageKind(
+        DistillStage, "trl.DistillationConfig", "prompts", "never", 1, "align.stages.distill"
     ),
     "merge": StageKind(MergeStage, None, None, "never", 1, "align.stages.merge"),
     "eval": StageKind(EvalStage, None, "prompts", "never", 1, "align.stages.eval"),

@@ -20,6 +20,7 @@ from align.models.loading import has_chat_template, model_problem
 from align.pipeline.eval_checks import eval_problems
 from align.pipeline.graph import order, reference_target, references
 from align.pipeline.placement_checks import placement_problems
+from align.pipeline.teacher_checks import teacher_problems
 from align.pipeline.template_checks import coverage_problems
 from align.rewards import args_problem, function_problem
 
@@ -123,6 +124,7 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
     problems += coverage_problems(pipeline, {problem.path for problem in problems})
     problems += reward_problems(pipeline)
     problems += placement_problems(pipeline)
+    problems += teacher_problems(pipeline)
     problems += vllm_problems(pipeline)
     problems += eval_problems(pipeline, reward_model_problems)
     problems += ignored_by_trl(pipeline)

@@ -108,6 +108,8 @@ PATH_FIELDS: dict[tuple[str, ...], Callable[[str, Path], str]] = {
     ("stages", "*", "trl", "resume_from_checkpoint"): file_location,
     ("stages", "*", "rewards", "*", "model"): model_location,
     ("stages", "*", "models", "*"): model_location,  # an eval stage's named models
+    ("stages", "*", "teacher"): model_location,  # a distill stage's, as a model value
+    ("stages", "*", "teacher", "model"): model_location,  # ... or in its block
     ("stages", "*", "data", "prompts"): data_location,
     ("stages", "*", "lm_eval", "include_path"): file_location,
     ("chat_template",): template_location,

@@ -10,8 +10,17 @@ from dataclasses import dataclass, replace
 
 from align.backends import Backend
 from align.config.placement import ACTOR
-from align.config.spec import KINDS, EvalStage, PPOStage, RewardedStage, StageBase, TrainingStage
+from align.config.spec import (
+    KINDS,
+    DistillStage,
+    EvalStage,
+    PPOStage,
+    RewardedStage,
+    StageBase,
+    TrainingStage,
+)
 from align.models.memory import FrozenModel
+from align.pipeline.graph import reference_target
 from align.pipeline.trl_args import trl_setting
 from align.planning.services import Service
 
@@ -24,6 +33,9 @@ REFERENCE_ACTOR = "actor"  # a frozen copy in a Ray actor of its own, called by 
 REWARD_MODELS_NONE = "none"  # no `model:` among the rewards: functions cost no model memory
 REWARD_MODELS_REPLICATED = "replicated"
 REWARD_MODELS_SHARDED = "sharded"
+
+TEACHER_NONE = "none"
+TEACHER_WITH_POLICY = "with-policy"  # a distill stage's teacher, frozen beside the student on every rank
 
 VALUE_NONE = "none"
 VALUE_HEAD = "head"
@@ -46,6 +58,7 @@ class Placement:
     reference: REFERENCE_*, the DPO reference or the KL reference of PPO/GRPO/RLOO.
     reward_models: REWARD_MODELS_*, how every `rewards[i].model` on the ranks is held, each frozen.
     value: VALUE_*, the PPO critic (`value:` of the stage).
+    teacher: TEACHER_*, a distill stage's teacher: held like a reference copy (sharded under fsdp).
     actor_rewards: the indices in `rewards:` of the reward models in Ray actors of their own.
     services: each frozen model in an actor of its own, with what it asks Ray for (filled in by the plan).
     """
@@ -55,6 +68,7 @@ class Placement:
     description: dict[str, str]
     reward_models: str = REWARD_MODELS_NONE
     value: str = VALUE_NONE
+    teacher: str = TEACHER_NONE
     actor_rewards: tuple[int, ...] = ()
     services: tuple[Service, ...] = ()
 
@@ -105,7 +119,15 @@ def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False)
     if isinstance(stage, PPOStage):
         value = stage.value
         description["value"] = VALUE_DESCRIPTIONS[value]
-    return Placement(policy, reference, description, reward_models, value, actors)
+    teacher = TEACHER_NONE
+    if isinstance(stage, DistillStage):
+        teacher = TEACHER_WITH_POLICY
+        target = reference_target(stage.teacher.model)
+        source = f"stage {target}'s output" if target else stage.teacher.model
+        description["teacher"] = (
+            f"{source}, frozen, in the compute dtype, {frozen_held(backend)} (per rank: the `teacher` row)"
+        )
+    return Placement(policy, reference, description, reward_models, value, teacher, actors)
 
 
 def uses_reference(stage: StageBase) -> bool:
@@ -143,19 +165,27 @@ def reward_placement(stage: RewardedStage, backend: Backend) -> tuple[str, str]:
 
 
 def frozen_models(
-    placement: Placement, param_count: int, dtype: str, reward_params: dict[int, int] | None = None
+    placement: Placement,
+    param_count: int,
+    dtype: str,
+    reward_params: dict[int, int] | None = None,
+    teacher_params: int = 0,
 ) -> tuple[FrozenModel, ...]:
     """The frozen models the memory plan must count for this placement, each held with the policy.
 
     param_count: the policy's, which a reference copy shares. reward_params: each reward model's
-    parameter count by its index in `rewards:`. A model in an actor of its own is not on the ranks.
+    parameter count by its index in `rewards:`. teacher_params: a distill stage's teacher's, held as a
+    reference copy is (sharded under fsdp, whole on every rank otherwise). A model in an actor of its own
+    is not on the ranks.
     """
     copy = placement.reference == REFERENCE_COPY
     reference = (FrozenModel("reference", param_count, dtype),) if copy else ()
     held = "sharded" if placement.reward_models == REWARD_MODELS_SHARDED else "replicated"
     counts = [(i, n) for i, n in (reward_params or {}).items() if i not in placement.actor_rewards]
     rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype, placement=held) for i, count in counts)
-    return reference + rewards
+    with_teacher = placement.teacher == TEACHER_WITH_POLICY and teacher_params
+    teacher = (FrozenModel("teacher", teacher_params, dtype),) if with_teacher else ()
+    return reference + rewards + teacher
 
 
 def with_services(placement: Placement, services: tuple[Service, ...]) -> Placement:

@@ -13,18 +13,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from align.backends import BACKENDS, Backend
-from align.cache import cache_root
-from align.config.spec import KINDS, Pipeline, RewardedStage, StageBase, TrainingStage
+from align.config.spec import KINDS, DistillStage, Pipeline, RewardedStage, StageBase, TrainingStage
 from align.data.batching import sft_batching
 from align.errors import ConfigError
-from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets, architecture_for
+from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets
 from align.models.chat_templates import ChatTemplate, resolve_template
 from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
 from align.models.precision import PURE, compute_dtype, precision_problems, resolve_precision, trainable_dtype
-from align.pipeline.graph import order, reference_target, references
+from align.pipeline.graph import order, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
 from align.planning.lora import LMHead, lm_head, lora_targets, trained_rows
+from align.planning.model_sizes import reward_model_params, stage_architecture, teacher_params
+from align.planning.model_sizes import root_model as root_model  # read from here by report/rows_view.py
 from align.planning.placement import (
     VALUE_ADAPTER,
     VALUE_NONE,
@@ -54,11 +55,13 @@ class ModelInput:
 @dataclass(frozen=True)
 class StageInputs:
     """The folders a stage reads, resolved on the driver from builtins, paths and upstream records:
-    its model, each reward model by its index in `rewards:`, and an eval stage's named models."""
+    its model, each reward model by its index in `rewards:`, an eval stage's named models, and a distill
+    stage's teacher."""
 
     model: ModelInput
     reward_models: dict[int, str] = field(default_factory=dict)
     models: dict[str, ModelInput] = field(default_factory=dict)  # an eval stage's, by name
+    teacher: ModelInput | None = None
 
 
 @dataclass(frozen=True)
@@ -107,43 +110,6 @@ class Plan:
     hardware: Hardware
 
 
-def root_model(pipeline: Pipeline, name: str) -> str:
-    """The base model at the root of a chain of stage references (its architecture is the stage's)."""
-    value = pipeline.stage_model(name)
-    target = reference_target(value)
-    return root_model(pipeline, target) if target else value
-
-
-def stage_architecture(pipeline: Pipeline, name: str) -> Architecture | None:
-    """The architecture of a stage's model from its config or a preset; a builtin once it is cached."""
-    return model_architecture(root_model(pipeline, name))
-
-
-def model_architecture(source: str) -> Architecture | None:
-    """The architecture of a model folder or hub id from its config or a preset; a builtin once cached."""
-    cached = cache_root() / "models" / source
-    return architecture_for(str(cached) if cached.is_dir() else source)
-
-
-def reward_model_params(pipeline: Pipeline, name: str, policy: Architecture) -> dict[int, int]:
-    """Each reward model's parameter count, by its index in the stage's `rewards:`.
-
-    A reward stage's output is its root model's trunk with a one-label score head; a folder or hub id
-    counts by its config.json or a preset. One whose shape is unknown before it is present (a hub id
-    without a preset) is assumed to share the policy's trunk.
-    """
-    stage = pipeline.stages[name]
-    if not isinstance(stage, RewardedStage):
-        return {}
-    counts = {}
-    for index, reward in enumerate(stage.rewards):
-        if reward.model is not None:
-            target = reference_target(reward.model)
-            shape = stage_architecture(pipeline, target) if target else model_architecture(reward.model)
-            counts[index] = (shape or policy).reward_model_param_count()
-    return counts
-
-
 UPCASTS_4BIT_BASE = ("ppo",)
 """Kinds whose QLoRA base is prepared by peft's `prepare_model_for_kbit_training` (align's PPO,
 stages/ppo.py): every weight left out of NF4 is upcast to fp32, about 2.1 GB for Llama-3-8B's embeddings and
@@ -157,9 +123,11 @@ def workload(
     arch: Architecture,
     reward_params: dict[int, int] | None = None,
     token_rows: int = 0,
+    teacher: int = 0,
 ) -> Workload:
-    """What the memory plan counts for a stage; `reward_params` as `reward_model_params` gives them, and
-    `token_rows` the embedding rows LoRA trains beside its adapters (a chat template's, planning/lora.py).
+    """What the memory plan counts for a stage; `reward_params` as `reward_model_params` gives them,
+    `token_rows` the embedding rows LoRA trains beside its adapters (a chat template's, planning/lora.py),
+    and `teacher` a distill stage's teacher's parameters (`teacher_params`).
 
     A PPO critic trains beside the policy: its head, and under `value: adapter` a second LoRA adapter
     whose forward through the shared trunk is kept for backward too. Rollouts (generation, and the
@@ -184,7 +152,7 @@ def workload(
         lora_targets=targets,
         quantize_4bit=bool(lora and lora.load_in_4bit),
         upcast_unpacked=bool(lora and lora.load_in_4bit and stage.kind in UPCASTS_4BIT_BASE),
-        frozen_models=frozen_models(placement, arch.param_count(), compute, reward_params),
+        frozen_models=frozen_models(placement, arch.param_count(), compute, reward_params, teacher),
         micro_batch_size=micro_batch(stage),
         seq_len=sequence_length(stage),
         gradient_checkpointing=bool(checkpointing),
@@ -200,8 +168,9 @@ def micro_batch(stage: StageBase) -> int:
 
 
 def sequence_length(stage: StageBase) -> int:
-    """Tokens per trained sequence: `max_length`, or for online RL a prompt plus its completion."""
-    if isinstance(stage, RewardedStage):
+    """Tokens per trained sequence: `max_length`, or for online RL and distillation a prompt plus its
+    completion."""
+    if isinstance(stage, RewardedStage | DistillStage):
         return PROMPT_TOKENS + int(trl_setting(stage.kind, stage.trl, "max_completion_length"))
     return int(trl_setting(stage.kind, stage.trl, "max_length") or 1024)
 
@@ -277,6 +246,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     arch = stage_architecture(pipeline, name) if trains else None
     targets = lora_targets(stage, where, arch)
     rewards = reward_model_params(pipeline, name, arch) if arch else {}
+    teacher = teacher_params(pipeline, name, arch) if arch else 0
     precompute_asked = bool(trains and trl_setting(stage.kind, stage.trl, "precompute_ref_log_probs"))
     template = resolve_template(value) if (value := pipeline.stage_chat_template(name)) else None
 
@@ -285,7 +255,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         if arch is None:
             return {}
         rows = trained_rows(stage, template, backend.frozen_sharded, arch)
-        work = workload(stage, precision, placement, arch, rewards, rows)
+        work = workload(stage, precision, placement, arch, rewards, rows, teacher)
         return backend.estimates(arch, work, workers, stage)
 
     def table(placement: Placement) -> dict[str, MemoryEstimate]:
@@ -300,7 +270,10 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
     elif requested == "auto":
         what = (
             describe_workload(
-                arch, workload(stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards)
+                arch,
+                workload(
+                    stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards, teacher=teacher
+                ),
             )
             if arch
             else ("LoRA" if getattr(stage, "lora", None) else "full parameters")
@@ -369,10 +342,11 @@ def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
     if stage.memory is not None or arch is None:
         return stage
     rewards = reward_model_params(pipeline, stage.name, arch)
+    teacher = teacher_params(pipeline, stage.name, arch)
     by_backend = {}
     for backend in BACKENDS.values():
         rows = trained_rows(stage.stage, stage.chat_template, backend.frozen_sharded, arch)
-        work = workload(stage.stage, stage.precision, stage.placement, arch, rewards, rows)
+        work = workload(stage.stage, stage.precision, stage.placement, arch, rewards, rows, teacher)
         by_backend.update(backend.estimates(arch, work, stage.workers, stage.stage))
     chosen = by_backend[BACKENDS[stage.backend].option(stage.stage)]
     return replace(stage, memory=chosen, memory_by_backend=by_backend)

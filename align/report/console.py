@@ -38,6 +38,10 @@ SHOWN_METRICS = (
     "reward_mean_before",
     "reward_mean_after",
     "train_kl_last",
+    "teacher_jsd_before",  # a distill stage: the student's divergence to its teacher, held out
+    "teacher_jsd_after",
+    "teacher_agreement_before",  # ... and the share of the teacher's greedy tokens it also picks
+    "teacher_agreement_after",
 )
 SAID_METRICS = ("no_signal_at_start", "no_signal")
 """Lines a stage said while it ran (an RL stage with nothing to learn from), repeated under its summary."""

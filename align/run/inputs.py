@@ -42,7 +42,10 @@ def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
         name: model_input(value, f"{stage.where}.models.{name}", folders)
         for name, value in getattr(stage.stage, "models", {}).items()
     }
-    return StageInputs(model, reward_models, models)
+    teacher = getattr(stage.stage, "teacher", None)  # a distill stage's, resolved as its own model is
+    if teacher is not None:
+        teacher = model_input(teacher.model, f"{stage.where}.teacher", folders)
+    return StageInputs(model, reward_models, models, teacher)
 
 
 def pinned(stage: StagePlan) -> StagePlan:
@@ -85,6 +88,9 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     inputs = stage.inputs
     own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
     template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
+    teacher = {}  # a distill stage's teacher, unless an upstream's output (that is in its fingerprint)
+    if inputs.teacher is not None and reference_target(stage.stage.teacher.model) is None:
+        teacher["teacher"] = records.model_identity(inputs.teacher.base)
     named = {  # an eval stage's models that are not an upstream's output (those are in its fingerprint)
         name: records.model_identity(model.base)
         for name, model in inputs.models.items()
@@ -94,6 +100,7 @@ def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
         {
             **template,
             **({"models": named} if named else {}),
+            **teacher,
             "stage": stage.stage.model_dump(mode="json"),
             "backend": stage.backend,
             "workers": stage.workers,
