@@ -157,3 +157,42 @@ def test_a_mixture_of_a_jsonl_and_a_csv_trains_at_its_weights(tmp_path: Path) ->
     assert abs(shares["a.jsonl"] / len(rows.train) - 0.8) < 0.02
     assert abs(shares["b.csv"] / len(rows.train) - 0.2) < 0.02
     assert stage_record(path, "sft")["status"] == "succeeded"
+
+
+TOOL_ROW = {
+    "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "content": '{"temp_c": 3}'},
+        {"role": "assistant", "content": "3 degrees."},
+    ],
+    "tools": json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]),
+}
+CHAT_ROW = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}
+
+
+@pytest.mark.parametrize("tools_first", [True, False])
+def test_a_column_or_field_one_source_lacks_is_kept_for_the_rows_that_have_it(
+    tmp_path: Path, tools_first
+) -> None:
+    """Mixing tool rows with plain chats kept only the columns both had: the `tools` schema went, silently
+    (and with the chats first, the tool calls could not be mixed at all)."""
+    tools, chats = tmp_path / "tools.jsonl", tmp_path / "chats.jsonl"
+    tools.write_text(json.dumps(TOOL_ROW) + "\n" * 1)
+    chats.write_text((json.dumps(CHAT_ROW) + "\n") * 3)
+    sources = [{"path": str(tools), "rows": 1}, {"path": str(chats), "rows": 3}]
+    data = DataSpec(train=sources if tools_first else sources[::-1], eval="none")
+    rows = stage_rows(data, "sft", 0, "stages.sft")
+    by_source = dict(zip(rows.sources, rows.train, strict=True))
+    tool_row = by_source["tools.jsonl"]
+    assert json.loads(tool_row["tools"])[0]["function"]["name"] == "get_weather"
+    call = tool_row["messages"][1]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo"}
+    chat = [row for source, row in zip(rows.sources, rows.train, strict=True) if source == "chats.jsonl"][0]
+    assert chat["tools"] is None and [turn["content"] for turn in chat["messages"]] == ["Hi", "Hello!"]

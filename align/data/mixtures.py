@@ -122,28 +122,69 @@ def mixed(
 
 
 def together(parts: list[Any], names: list[str], where: str) -> Any:
-    """The parts one after another (None when there are none), kept to the columns they all have, each
-    column of the first part's type: a column one source holds as text and another as a list cannot be
-    mixed, and is refused naming both."""
+    """The parts one after another (None when there are none), with every column any of them has: a row of
+    a source without a column (a `tools` schema, a message's `tool_calls`, a column a reward reads) holds
+    None there, as a file whose rows lack a key does. A column one source holds as text and another as a
+    list cannot be mixed, and is refused naming both."""
     if not parts:
         return None
     if len(parts) == 1:
         return parts[0]
-    from datasets import concatenate_datasets
+    from datasets import Features, concatenate_datasets
 
-    shared = [
-        column for column in parts[0].column_names if all(column in part.column_names for part in parts)
-    ]
-    parts = [part.select_columns(shared) for part in parts]
     features = parts[0].features
     for index, part in enumerate(parts[1:], 1):
-        if part.features == features:
-            continue
         try:
-            parts[index] = part.cast(features)
-        except (ValueError, TypeError) as error:
+            features = Features(merged_feature(features, part.features))
+        except TypeError as error:
             raise DataError(
-                f"{where}.data.train: {names[index]}'s rows cannot be mixed with {names[0]}'s: "
-                f"{str(error).splitlines()[0]}; give the sources one format (the same columns, of one type)"
+                f"{where}.data.train: {names[index]}'s rows cannot be mixed with {names[0]}'s: {error}; give "
+                "the sources one format (the same columns, of one type)"
             ) from None
-    return concatenate_datasets(parts)
+    filled = []
+    for part in parts:
+        for column in features:
+            if column not in part.column_names:
+                part = part.add_column(column, [None] * len(part))
+        filled.append(part.select_columns(list(features)).cast(features))
+    return concatenate_datasets(filled)
+
+
+def merged_feature(first: Any, second: Any, path: str = "") -> Any:
+    """The `datasets` type that holds values of both: structs (and a dataset's columns) get every field of
+    either, lists the merged type of their items, a column of only None the other's type. TypeError naming
+    the field where the two differ otherwise. `datasets` reads items whose keys vary (tool calls beside
+    plain turns) as `Json`, which holds either."""
+    from datasets import List, Value
+    from datasets.features import Json
+
+    if isinstance(first, Json) or isinstance(second, Json):  # any JSON value: it holds the other's too
+        return first if isinstance(first, Json) else second
+    if isinstance(first, dict) and isinstance(second, dict):
+        keys = dict.fromkeys([*first, *second])
+        return {
+            key: merged_feature(first[key], second[key], f"{path}.{key}".lstrip("."))
+            if key in first and key in second
+            else first.get(key, second.get(key))
+            for key in keys
+        }
+    if isinstance(first, List) and isinstance(second, List):
+        return List(merged_feature(first.feature, second.feature, f"{path}[]"))
+    if first == second or second == Value("null"):
+        return first
+    if first == Value("null"):
+        return second
+    raise TypeError(
+        f"{path or 'a column'} is {describe_feature(first)} in one and {describe_feature(second)} in the "
+        "other"
+    )
+
+
+def describe_feature(feature: Any) -> str:
+    from datasets import List, Value
+
+    if isinstance(feature, Value):
+        return feature.dtype
+    return (
+        "a list" if isinstance(feature, List) else "a struct" if isinstance(feature, dict) else str(feature)
+    )
