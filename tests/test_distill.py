@@ -39,7 +39,7 @@ def teacher_stage(steps: int = 30) -> dict:
 def distill_stage(steps: int = 15, teacher: object = "${stages.teacher.output}", **fields) -> dict:
     trl = {key: value for key, value in QUIET_TRL.items() if key != "max_length"}
     trl |= {"max_steps": steps, "learning_rate": 1e-2, "per_device_train_batch_size": 16}
-    trl |= {"max_completion_length": 4, "beta": 0.5}
+    trl |= {"max_completion_length": 4, "beta": 0.0}  # forward KL: learns fastest from an untrained student
     data = {"train": f"{TOY}/train", "eval": f"{TOY}/test"}
     return {"kind": "distill", "model": "tiny", "teacher": teacher, "data": data, "trl": trl, **fields}
 
@@ -281,6 +281,10 @@ def test_the_student_moves_towards_its_teacher_on_held_out_prompts(distilled) ->
     summary = stdout[stdout.index("summary:") :]
     line = next(line for line in summary.splitlines() if line.strip().startswith("distill"))
     assert f"teacher_agreement_after={metrics['teacher_agreement_after']:.4g}" in line
+    assert main(["report", str(path)]) == 0
+    report = (stage_folder(path, "distill").parent / "report.md").read_text()
+    after = metrics["teacher_agreement_after"]
+    assert f"| teacher_agreement | {metrics['teacher_agreement_before']:.4g} | {after:.4g} |" in report
 
 
 @pytest.mark.integration

@@ -208,6 +208,13 @@ class DistillStage(TrainingStage):
     teacher: TeacherSpec
 
 
+class ReferenceFreeStage(TrainingStage):
+    """Preference pairs with no reference model, through TRL's experimental trainers: ORPO (`kind: orpo`),
+    and CPO or SimPO (`kind: cpo`; SimPO is `loss_type: simpo` with `cpo_alpha: 0`)."""
+
+    kind: Literal["orpo", "cpo"]
+
+
 class MergeStage(StageBase):
     """Merge the adapter(s) of `model` into their base and check the logits still match."""
 
@@ -290,10 +297,19 @@ KINDS: dict[str, StageKind] = {
     "distill": StageKind(
         DistillStage, "trl.DistillationConfig", "prompts", "never", 1, "align.stages.distill"
     ),
+    "orpo": StageKind(
+        ReferenceFreeStage, "trl.experimental.orpo.ORPOConfig", "preferences", "never", 2, "align.stages.orpo"
+    ),
+    "cpo": StageKind(
+        ReferenceFreeStage, "trl.experimental.cpo.CPOConfig", "preferences", "never", 2, "align.stages.orpo"
+    ),
     "merge": StageKind(MergeStage, None, None, "never", 1, "align.stages.merge"),
     "eval": StageKind(EvalStage, None, "prompts", "never", 1, "align.stages.eval"),
 }
 """KTO's 2 sequences: each completion and the mismatched completion of its KL estimate."""
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+"""ORPO and CPO are TRL's experimental trainers, named knowingly by their kinds (the README says so); TRL's
+notice on importing them would repeat on every validate and in every worker."""
 
 
 class Defaults(Strict):

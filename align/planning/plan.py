@@ -24,6 +24,7 @@ from align.pipeline.graph import order, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
 from align.planning.lora import LMHead, lm_head, lora_targets, trained_rows
+from align.planning.losses import loss_words
 from align.planning.model_sizes import reward_model_params, stage_architecture, teacher_params
 from align.planning.model_sizes import root_model as root_model  # read from here by report/rows_view.py
 from align.planning.placement import (
@@ -93,6 +94,7 @@ class StagePlan:
     resources: Request | None = None  # what each rank asks Ray for (align/planning/resources.py)
     chat_template: ChatTemplate | None = None  # applied to the stage's tokenizer (models/chat_templates.py)
     lm_head: LMHead | None = None  # how TRL's trainer reads the head (align/planning/lora.py)
+    loss: str | None = None  # the loss its `trl:` block picks, in words (align/planning/losses.py)
     inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
@@ -331,6 +333,7 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         resources=stage_request(pipeline, name, workers, hardware.accelerator),
         chat_template=template,
         lm_head=head,
+        loss=loss_words(stage) if trains else None,
     )
 
 

@@ -123,6 +123,8 @@ def format_plan(plan: Plan) -> str:
             lines += [f"    {line}" for line in plan_lines(stage.chat_template, stage.model_source)]
         if stage.lm_head is not None:
             lines.append(f"    lm head: {stage.lm_head.summary}")
+        if stage.loss is not None:
+            lines.append(f"    loss: {stage.loss}")
         if stage.resources is not None:
             lines.append(f"    resources: {stage.resources.describe()}")
         if stage.precision == PURE:
