@@ -111,9 +111,17 @@ def kind_facts(name: str) -> list[str]:
         facts.append(f"Its data: rows with {data_forms(name)}.")
     if kind.trains:
         facts.append(f"Reference model: {REFERENCE_RULES[kind.reference]}.")
-    if (ROOT / "docs" / "stages" / f"{name}.md").exists():
-        facts.append(f"Guide: [{name}](../stages/{name}.md).")
+    if page := guide(name):
+        facts.append(f"Guide: [{page.removesuffix('.md')}](../stages/{page}).")
     return facts
+
+
+def guide(name: str) -> str | None:
+    """The page of docs/stages/ that guides a kind: its own, else that of a kind of the same spec class
+    (rloo's is grpo's, cpo's is orpo's); None where there is none."""
+    same = [other for other, kind in KINDS.items() if kind.spec is KINDS[name].spec]
+    pages = [f"{kind}.md" for kind in [name, *same] if (ROOT / "docs" / "stages" / f"{kind}.md").exists()]
+    return pages[0] if pages else None
 
 
 def data_forms(name: str) -> str:

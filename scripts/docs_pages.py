@@ -17,9 +17,9 @@ from align.pipeline.checks import IGNORED_BY_TRL
 from align.pipeline.trl_args import OWNED_BY_ALIGN
 from align.rewards import SHIPPED
 from scripts.docs_config import (
-    ROOT,
     Section,
     data_forms,
+    guide,
     ppo_config_rows,
     reference_sections,
     trainer,
@@ -170,9 +170,10 @@ def kinds_table() -> str:
     """The stage kinds as a table, with each kind's guide where docs/stages/ has one (for stages/index.md)."""
     body = []
     for name in KINDS:
-        guide = f"[{name}]({name}.md)" if (ROOT / "docs" / "stages" / f"{name}.md").exists() else f"`{name}`"
+        page = guide(name)
+        shown = f"[{name}]({page})" if page else f"`{name}`"
         keys = f"[its keys](../reference/configuration.md#kind-{name})"
-        body.append((guide, trainer(name), data_forms(name) or "none", keys))
+        body.append((shown, trainer(name), data_forms(name) or "none", keys))
     return "\n".join(table(("kind", "trainer", "rows with", "reference"), body))
 
 
