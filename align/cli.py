@@ -321,8 +321,8 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--address", default=dashboard, help="the cluster's dashboard, for a job id")
     status.set_defaults(handler=cmd_status)
     logs = commands.add_parser("logs", help="a submitted job's logs")
-    logs.add_argument("job_id")
-    logs.add_argument("--address", default=dashboard)
+    logs.add_argument("job_id", help="the id `align submit` printed")
+    logs.add_argument("--address", default=dashboard, help="the cluster's dashboard (default: $RAY_ADDRESS)")
     logs.set_defaults(handler=cmd_logs)
     report = commands.add_parser(
         "report", help="write a run's report: report.html (plots inline) and report.md, beside the run"
@@ -335,13 +335,15 @@ def parser() -> argparse.ArgumentParser:
     chat.add_argument("--stage", help="with a pipeline file: the stage whose output to load (default: last)")
     chat.add_argument("--prompt", help="answer this once and exit (for scripts)")
     chat.add_argument("--system", help="a system message before the conversation")
-    chat.add_argument("--max-new-tokens", type=int, default=256)
+    chat.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens")
     chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     chat.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for `align run`")
     chat.set_defaults(handler=cmd_chat)
     tiny = commands.add_parser("tiny", help="build the tiny random-init Llama (into the cache, or OUT)")
-    tiny.add_argument("out", nargs="?")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "out", nargs="?", help="the folder to write (default: align's cache, where `tiny` is read)"
+    )
+    tiny.add_argument("--seed", type=int, default=0, help="the seed of its random weights")
     tiny.set_defaults(handler=cmd_tiny)
     return top
 

@@ -1,6 +1,6 @@
-"""The shape of the package: which package may import which (one table, README's Layout draws it), no import
-cycles, only `run/` uses Ray, and validating or planning a pipeline imports neither torch nor TRL (that is
-what keeps them fast)."""
+"""The shape of the package: which package may import which (one table, docs/reference/layout.md draws
+it), no import cycles, only `run/` uses Ray, and validating or planning a pipeline imports neither torch
+nor TRL (that is what keeps them fast)."""
 
 from __future__ import annotations
 

@@ -308,8 +308,8 @@ KINDS: dict[str, StageKind] = {
 }
 """KTO's 2 sequences: each completion and the mismatched completion of its KL estimate."""
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-"""ORPO and CPO are TRL's experimental trainers, named knowingly by their kinds (the README says so); TRL's
-notice on importing them would repeat on every validate and in every worker."""
+"""ORPO and CPO are TRL's experimental trainers, named knowingly by their kinds (docs/stages/orpo.md says
+so); TRL's notice on importing them would repeat on every validate and in every worker."""
 
 
 class Defaults(Strict):

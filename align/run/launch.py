@@ -88,7 +88,8 @@ def connect(address: str | None, verbose: bool = False, messages: Path | None = 
                 return False, f"ray: joined the cluster at {where}: {nodes} node(s), {cpus:g} CPUs"
             except Exception as err:  # noqa: BLE001 - unreachable, refusing (auth), or another version
                 tried = named or local_head
-                hint = "it answers: token authentication? (README 'Scaling out')" if answers(tried) else ""
+                auth = "it answers: token authentication? (docs/scaling.md, RAY_AUTH_MODE)"
+                hint = auth if answers(tried) else ""
                 why = "; ".join(filter(None, [first_line(err), hint]))
                 if named:
                     raise AlignError(f"cannot join the Ray cluster at {named}: {why}") from None
