@@ -178,7 +178,8 @@ def test_grpo_whose_reward_never_fires_says_so_at_the_start_and_within_its_first
     metrics = stage_record(path, "grpo")["metrics"]
     start, during = metrics["no_signal_at_start"], metrics["no_signal"]
     assert f"[grpo] {start}\n" in out and f"[grpo] {during}\n" in out
-    assert out.index(start) < out.index("[grpo] step")  # before the first step's line
+    # said before training (a progress line per step is not printed on a loaded machine: its clock decides)
+    assert out.index(start) < out.index(during)
     assert "held-out reward is 0 on every one of 32 samples" in start
     assert "reward exact_answer never fired: 0 for all" in start
     assert during.startswith(
