@@ -25,10 +25,14 @@ SLOW_SUITES = {
     "test_chat_templates",
     "test_data_cache",
     "test_eval_stage",
+    "test_distill",
+    "test_lm_head",
+    "test_rl_signal",
 }
 """The 2-rank backend suites (each a multi-stage Ray run of 1.5 to 3 minutes on 2 cores), the Ray Jobs
-submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs and the stage per data
-format: their integration tests are `slow`, outside `make test` and run by `make test-slow` (CI runs both).
+submit test, the smollm2 conversion, the KTO pipeline, the three seeded DPO runs, the stage per data
+format, the distillation runs, the chat-template LM-head runs and the RL runs whose reward never fires:
+their integration tests are `slow`, outside `make test` and run by `make test-slow` (CI runs both).
 Their unit tests stay in `make test`."""
 
 
