@@ -71,6 +71,7 @@ def load_chat_model(target: ChatTarget) -> tuple[Any, Any]:
 
     import torch
     from peft import PeftModel
+    from transformers import GenerationConfig
     from transformers.utils import logging
 
     from align.models.loading import load_causal_lm, load_tokenizer
@@ -82,6 +83,10 @@ def load_chat_model(target: ChatTarget) -> tuple[Any, Any]:
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     if torch.cuda.is_available():
         model = model.to("cuda")
+    # `generate` fills every setting it is not given (a repetition_penalty, a top_k) from the checkpoint's
+    # generation_config.json; the eval stage asks with exactly its own settings, and so must a chat, or
+    # it answers otherwise than the eval table says (align/stages/eval_answers.py)
+    model.generation_config = GenerationConfig()
     tokenizer = load_tokenizer(target.tokenizer)
     if tokenizer.chat_template is None:
         raise AlignError(
