@@ -150,3 +150,18 @@ bench-services: $(SETUP)
 # validate/plan wall time, warm and cold, against a bare interpreter and `import torch` (about 1 min)
 bench-cli: $(SETUP)
 	$(OFFLINE) $(PY) bench/cli.py
+
+# The CPU recipes (recipes/*.yaml): SmolLM2-135M-Instruct made measurably better on 2 cores, each from rows its
+# seeded script writes (recipes/data/make_*.py); `make recipes` runs both and writes their tables (means,
+# intervals, win rates, wall times) to bench/results/recipes-cpu.md.
+.PHONY: recipes recipe-compare recipe-addition
+recipe-compare: RECIPE = compare
+recipe-compare: RECIPE_FILE = recipes/smollm2_compare_sft_dpo.yaml
+recipe-addition: RECIPE = addition
+recipe-addition: RECIPE_FILE = recipes/smollm2_addition_grpo.yaml
+recipe-compare recipe-addition: $(SETUP)
+	$(PY) recipes/data/make_$(RECIPE).py
+	$(OFFLINE) $(ALIGN) run $(RECIPE_FILE)
+
+recipes: recipe-compare recipe-addition
+	$(OFFLINE) $(PY) bench/recipes.py recipes/smollm2_compare_sft_dpo.yaml recipes/smollm2_addition_grpo.yaml
