@@ -108,6 +108,18 @@ def test_a_weighted_mix_holds_its_weights_and_each_source_gives_its_own_held_out
     assert not set(held) & set(rows.train["prompt"])
 
 
+def test_max_eval_rows_limits_the_slice_held_out_of_train_too(tmp_path: Path) -> None:
+    """A recipe's GRPO stage asked for 32 held-out prompts with no eval split, and measured its whole 5%."""
+    data = DataSpec.model_validate({"train": texts(tmp_path / "a.jsonl", 1500), "max_eval_rows": 8})
+    rows = stage_rows(data, "sft", 0, "stages.sft")
+    assert len(rows.held_out) == 8 and len(rows.train) == 1500 - 64  # the whole slice still kept out
+    assert not set(rows.held_out["prompt"]) & set(rows.train["prompt"])
+    stage = {**mixture(tmp_path, {}, {}), "data": data.model_dump(exclude_defaults=True)}
+    text = format_plan(build(load(write_pipeline(tmp_path, "slice", {"sft": stage})), CPU))
+    said = "held out: a seeded 5% of the training rows (at most 64), kept out of training (no eval split"
+    assert f"    {said} given); the first 8 measured\n" in text
+
+
 def test_counted_rows_are_drawn_from_each_and_shuffled_together(tmp_path: Path) -> None:
     data = DataSpec.model_validate(mixture(tmp_path, {"rows": 30}, {"rows": 20}, eval="none")["data"])
     rows = stage_rows(data, "sft", 0, "stages.sft")

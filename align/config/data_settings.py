@@ -64,6 +64,8 @@ class DataSpec(Strict):
     eval: str | None = None  # None: a held-out slice of train (align/data/mixtures.py); "none": no held-out
     max_train_rows: Annotated[int, Field(gt=0)] | None = None
     max_eval_rows: Annotated[int, Field(gt=0)] | None = None
+    """At most this many held-out rows measured: the eval split's first, or those of the slice held out of
+    train (the whole slice stays out of training either way)."""
     columns: dict[str, str] = {}
     """Renames applied to every row before anything reads it, {name in the file: name align reads}, e.g.
     {question: prompt, answer: completion} (align/data/shapes.py)."""

@@ -64,8 +64,8 @@ def stage_rows(data: Any, kind: str, seed: int, where: str) -> StageRows:
         held_out = None
     else:
         held_out = load_data(data.eval, kind, f"{where}.data.eval", data.columns)
-        if data.max_eval_rows:
-            held_out = held_out.select(range(min(data.max_eval_rows, len(held_out))))
+    if held_out is not None and data.max_eval_rows:  # an eval split's, or the slice's (still not trained)
+        held_out = held_out.select(range(min(data.max_eval_rows, len(held_out))))
     return StageRows(train, held_out, [names[index] for index in order])
 
 

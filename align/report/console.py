@@ -75,9 +75,10 @@ def held_out_source(stage) -> str | None:
         return "nothing (eval: none)"
     if data.eval is None:
         rows, each = ("each source's rows", " each") if data.is_mixture else ("the training rows", "")
+        measured = f"; the first {data.max_eval_rows} measured" if data.max_eval_rows else ""
         return (
             f"a seeded {HELD_OUT_SHARE:.0%} of {rows} (at most {HELD_OUT_ROWS}{each}), kept out of "
-            "training (no eval split given)"
+            f"training (no eval split given){measured}"
         )
     return f"the eval split {data.eval}"
 
