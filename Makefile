@@ -154,14 +154,14 @@ bench-cli: $(SETUP)
 # The CPU recipes (recipes/*.yaml): SmolLM2-135M-Instruct made measurably better on 2 cores, each from rows its
 # seeded script writes (recipes/data/make_*.py); `make recipes` runs both and writes their tables (means,
 # intervals, win rates, wall times) to bench/results/recipes-cpu.md.
-.PHONY: recipes recipe-compare recipe-addition
-recipe-compare: RECIPE = compare
-recipe-compare: RECIPE_FILE = recipes/smollm2_compare_sft_dpo.yaml
-recipe-addition: RECIPE = addition
-recipe-addition: RECIPE_FILE = recipes/smollm2_addition_grpo.yaml
-recipe-compare recipe-addition: $(SETUP)
-	$(PY) recipes/data/make_$(RECIPE).py
-	$(OFFLINE) $(ALIGN) run $(RECIPE_FILE)
+.PHONY: recipes recipe-sft-dpo recipe-grpo
+recipe-sft-dpo: TASK = json
+recipe-sft-dpo: RECIPE = recipes/smollm2_json_sft_dpo.yaml
+recipe-grpo: TASK = addition
+recipe-grpo: RECIPE = recipes/smollm2_addition_grpo.yaml
+recipe-sft-dpo recipe-grpo: $(SETUP)
+	$(PY) recipes/data/make_$(TASK).py
+	$(OFFLINE) $(ALIGN) run $(RECIPE)
 
-recipes: recipe-compare recipe-addition
-	$(OFFLINE) $(PY) bench/recipes.py recipes/smollm2_compare_sft_dpo.yaml recipes/smollm2_addition_grpo.yaml
+recipes: recipe-sft-dpo recipe-grpo
+	$(OFFLINE) $(PY) bench/recipes.py recipes/smollm2_json_sft_dpo.yaml recipes/smollm2_addition_grpo.yaml

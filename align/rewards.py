@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import re
 import sys
@@ -143,10 +144,38 @@ def final_number(completions: list[Any], answer: list[Any] | None = None, **_: A
     return scores
 
 
+def json_object_of(text: str) -> dict | None:
+    """The first JSON object in `text`, fenced (```json ... ```) or with prose around it; None when none
+    parses."""
+    decoder = json.JSONDecoder()
+    for start in (index for index, char in enumerate(text) if char == "{"):
+        try:
+            found, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            return found
+    return None
+
+
+def json_fields(completions: list[Any], answer: list[Any] | None = None, **_: Any) -> list[float]:
+    """1 when the completion's first JSON object (`json_object_of`) has exactly the fields and values of the
+    row's `answer` (a JSON object), whatever surrounds it; else 0, as for an answer that holds no object.
+    What a structured reply says, its format aside: `exact_answer` or `format` score the format."""
+    if answer is None:
+        raise ValueError("json_fields compares with an `answer` column; the prompts data has none")
+    scores = []
+    for completion, expected in zip(completions, answer, strict=True):
+        wanted = json_object_of(str(expected))
+        scores.append(float(wanted is not None and json_object_of(completion_text(completion)) == wanted))
+    return scores
+
+
 SHIPPED: dict[str, Callable[..., list[float]]] = {
     "exact_answer": exact_answer,
     "final_number": final_number,
     "format": format_match,
+    "json_fields": json_fields,
     "length": length_target,
 }
 

@@ -16,7 +16,14 @@ import yaml
 
 from align.cli import main
 from align.data.corpora import build_toy
-from align.rewards import RewardError, exact_answer, format_match, guarded_function, length_target
+from align.rewards import (
+    RewardError,
+    exact_answer,
+    format_match,
+    guarded_function,
+    json_fields,
+    length_target,
+)
 from tests.pipelines import QUIET_TRL, run, stage_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +109,7 @@ def test_unknown_function_and_bad_args_are_all_reported(tmp_path, capsys) -> Non
     ]
     code, err = validate(capsys, write(tmp_path, {"sft": sft_stage(), "grpo": rl_stage("grpo", rewards)}))
     assert code == 2
-    shipped = "exact_answer, final_number, format, length"
+    shipped = "exact_answer, final_number, format, json_fields, length"
     assert f"rewards[0].function: 'exact' is not a shipped reward function ({shipped})" in err
     assert "rewards[1].args: length takes no argument 'taget'; it takes: target, unit" in err
     assert "rewards[2].args: format cannot run with these args" in err
@@ -161,6 +168,21 @@ def test_shipped_rewards_on_standard_and_conversational_completions() -> None:
     assert format_match(["number.", "number", "two\nlines."]) == [1.0, 0.0, 0.0]
     assert format_match(chat, pattern=r"[a-z]+") == [0.0, 1.0]
     assert length_target(["one two three four", "one two", ""], target=4) == [1.0, 0.5, 0.0]
+
+
+def test_json_fields_reads_the_object_a_reply_holds_and_compares_every_field() -> None:
+    """The JSON recipe's content reward: SmolLM2 fences its object and explains it after; the fields count."""
+    answer = '{"name": "Lena", "age": 63}'
+    replies = [
+        '{"name": "Lena", "age": 63}',
+        '```json\n{\n  "age": 63,\n  "name": "Lena"\n}\n```\n\nThis JSON object {is} a JSON string',
+        '{"name": "Lena", "age": 12}',  # the sentence's other number
+        '{"name": "Lena", "age": 63, "city": "Lima"}',  # a field it was not asked for
+        '{"name": "Lena", "age": 63',  # cut before it closes
+        "Lena is 63.",
+    ]
+    assert json_fields(replies, answer=[answer] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert json_fields([[{"role": "assistant", "content": answer}]], answer=["no object"]) == [0.0]
 
 
 def test_a_model_without_a_one_label_head_is_refused_as_reward_model(tmp_path) -> None:

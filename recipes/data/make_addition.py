@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 from itertools import combinations_with_replacement
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def row(pair: tuple[int, int], rng: random.Random) -> dict:
     first, second = rng.sample(pair, 2)
     content = QUESTION.format(first=first, second=second)
     return {"prompt": [{"role": "user", "content": content}], "answer": str(first + second)}
+
+
+def question(row: dict) -> tuple[int, ...]:
+    """What a held-out prompt must not share with a training one: its numbers, in either order."""
+    return tuple(sorted(int(n) for n in re.findall(r"\d+", row["prompt"][-1]["content"])))
 
 
 def build(out: Path, seed: int) -> None:
