@@ -9,7 +9,8 @@ on the tiny model with the same seed, each pair alike but for where its frozen m
   pair's log-probs;
 - GRPO with the reward model held by TRL on the rank against one in an actor.
 An actor Ray cannot place ends its stage after its `wait_s` in one line (on a Ray of this process); one
-this machine could never hold is refused before Ray starts.
+this machine could never hold is refused before Ray starts. A reward actor killed mid-PPO is restarted and
+its stage retried from the last checkpoint, as a lost rank is (a fault run of its own).
 Logged rollouts, losses and held-out rewards agree within TOLERANCE, and each actor run records the
 seconds its rank waited on the services.
 """
@@ -17,13 +18,23 @@ seconds its rank waited on the services.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 import yaml
 
 from align.cli import main
+from align.errors import StageFailed
+from align.run.controller import attempt_until_done
+from align.run.launch import LostWorkers
+from align.run.services import with_lost_services
+from align.stages.checkpoints import COMPLETE
 from tests.pipelines import QUIET_TRL, run, stage, stage_folder, stage_record
 
 ROOT = Path(__file__).parents[1]
@@ -244,3 +255,78 @@ def test_a_service_ray_cannot_place_ends_its_stage_in_one_line(tmp_path) -> None
         "node has {CPU: 2}: lower `stages.far.rewards[0].resources` or add nodes"
     )
     assert said == []
+
+
+LOST = "stage 'ppo' lost its rewards[0] service (ActorDiedError)"
+
+
+def test_a_stage_that_lost_its_service_is_retried_from_its_checkpoint(tmp_path) -> None:
+    """Without Ray: a rank's error beside a dead service is the service's loss, which the controller retries
+    from the latest complete checkpoint; beside live services it stays the stage's own error."""
+    from ray.exceptions import ActorDiedError
+
+    own = StageFailed("stage 'ppo' failed: ActorDiedError: The actor died unexpectedly", rank=0)
+    assert with_lost_services("ppo", own, {}) is own
+    rank = LostWorkers("stage 'ppo' lost a worker: rank 1 (ActorDiedError)")
+    both = with_lost_services("ppo", rank, {"rewards[0]": ActorDiedError(), "reference": ActorDiedError()})
+    lost = "stage 'ppo' lost its reference service (ActorDiedError), rewards[0] service (ActorDiedError)"
+    assert str(both) == f"{lost}; {rank}"
+    resumed: list[Path | None] = []
+
+    def launch(plan, stage, scratch: Path, resume: Path | None) -> dict:
+        resumed.append(resume)
+        if len(resumed) > 1:
+            return {"metrics": {}}
+        (scratch / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+        (scratch / "checkpoints" / "checkpoint-2" / COMPLETE).write_text("{}")
+        raise with_lost_services("ppo", own, {"rewards[0]": ActorDiedError()})
+
+    attempts: list[dict] = []
+    events: list[str] = []
+    ppo = SimpleNamespace(name="ppo", max_failures=2)
+    assert attempt_until_done(None, ppo, tmp_path, launch, attempts, events.append) == {"metrics": {}}
+    assert resumed == [None, tmp_path / "checkpoints" / "checkpoint-2"]
+    assert [attempt.get("error") for attempt in attempts] == [LOST, None]
+    assert f"[ppo] {LOST}; retry 1 of 2, from the last checkpoint" in events
+
+
+def service_actors(driver: int) -> list[psutil.Process]:
+    """The service actors' processes below a driver (its embedded Ray's raylet starts them)."""
+    below = psutil.Process(driver).children(recursive=True)
+    return [process for process in below if "ServiceActor" in " ".join(process.cmdline())]
+
+
+def complete_checkpoint(pipeline_dir: Path, proc: subprocess.Popen, timeout: float = 300) -> int:
+    """The step of the running attempt's first complete checkpoint, once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if done := sorted(pipeline_dir.glob(f".ppo.tmp-*/checkpoints/checkpoint-*/{COMPLETE}")):
+            return int(done[0].parent.name.removeprefix("checkpoint-"))
+        time.sleep(0.2)
+    raise AssertionError(f"no complete checkpoint within {timeout}s")
+
+
+@pytest.mark.integration
+@pytest.mark.faults
+def test_a_reward_actor_killed_mid_ppo_is_restarted_and_retried_from_the_checkpoint(tmp_path) -> None:
+    ppo = ppo_stage(reward_model(tmp_path), actor=False)
+    ppo["rewards"][0]["placement"] = "actor"
+    steps = 16
+    ppo["trl"].update(max_steps=steps, save_strategy="steps", save_steps=2)
+    path = write(tmp_path, {"ppo": ppo})
+    command = [sys.executable, "-m", "align.cli", "run", str(path)]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = complete_checkpoint(tmp_path / "runs" / "svc", proc)
+    [actor] = service_actors(proc.pid)
+    actor.kill()
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:] + "\n" + err[-3000:]
+    record = stage_record(path, "ppo")
+    resumed = record["resumed_from"]
+    assert record["retries"] == 1 and [a["resumed_from"] for a in record["attempts"]] == [None, resumed]
+    assert record["attempts"][0]["error"] == LOST and resumed >= first
+    assert record["steps_trained"] == steps - resumed
+    assert f"{LOST}; retry 1 of 2, from the last checkpoint" in out and f"resuming from step {resumed}" in out
+    assert out.count("[ppo] rewards[0]: in a Ray actor of its own") == 2  # a fresh actor for the retry
+    assert "Traceback" not in out + err

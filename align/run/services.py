@@ -5,6 +5,10 @@ attempt ends, also on an error or an interrupt.
 An actor holds what align/stages/services.py builds for its role. The ranks reach it through a client, a
 plain picklable object sent in the stage's config, whose methods wait on Ray here: stage code calls a
 method and never imports Ray.
+
+An actor that dies mid-stage (killed, out of memory) fails the ranks that call it. The attempt then ends
+as a lost worker does, naming the service, and the controller retries the stage from its latest complete
+checkpoint with fresh actors, up to `max_failures`; a stage that fails while its actors live is not retried.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from align.errors import AlignError
+from align.errors import AlignError, StageFailed
 from align.planning.plan import StagePlan
 from align.planning.services import Service
 from align.run import stop
-from align.run.launch import first_line, worker_env
+from align.run.launch import LostWorkers, first_line, worker_env
 from align.run.reservation import largest_node, shown
+
+PING_S = 10.0
+"""How long a service may take to answer whether it lives, once its stage failed: a live actor ends the
+call it is in first; one still busy then is taken as alive (its stage's error stands, not retried)."""
 
 
 class ServiceActor:
@@ -74,6 +82,18 @@ class ServiceClient:
 
         return ray.get(self.handle.fused_log_probs.remote(inputs))
 
+    def lost(self) -> BaseException | None:
+        """Ray's error if the actor is gone (ActorDiedError), None if it answers or is still busy."""
+        import ray
+
+        try:
+            ray.get(self.handle.ready.remote(), timeout=PING_S)
+            return None
+        except ray.exceptions.RayActorError as err:
+            return err
+        except ray.exceptions.GetTimeoutError:
+            return None
+
 
 def asked(service: Service, embedded: bool) -> dict[str, float]:
     """The actor's Ray resources: on an embedded Ray no CPU by default (the ranks hold every core)."""
@@ -91,7 +111,8 @@ def stage_services(
     stage: StagePlan, embedded: bool, say: Callable[[str], None]
 ) -> Iterator[dict[str, ServiceClient]]:
     """A client per service the plan places for `stage`, by role, once every actor has loaded its model;
-    the actors are killed on the way out, however the stage ended."""
+    the actors are killed on the way out, however the stage ended. A failed stage whose service died is
+    raised as a lost service: retried, as a lost rank is."""
     services = stage.placement.services
     if not services:
         yield {}
@@ -108,10 +129,25 @@ def stage_services(
             options = {"num_cpus": resources["CPU"], "num_gpus": resources["GPU"]}
             handles[service.role] = remote.options(**options).remote(stage, service, env, threads)
         wait_ready(stage, handles, embedded, say)
-        yield {role: ServiceClient(role, handle) for role, handle in handles.items()}
+        clients = {role: ServiceClient(role, handle) for role, handle in handles.items()}
+        try:
+            yield clients
+        except StageFailed as failed:
+            dead = {role: why for role, client in clients.items() if (why := client.lost()) is not None}
+            raise with_lost_services(stage.name, failed, dead) from None
     finally:
         for handle in handles.values():
             ray.kill(handle, no_restart=True)
+
+
+def with_lost_services(stage: str, failed: StageFailed, dead: dict[str, BaseException]) -> StageFailed:
+    """How a failed attempt ended, given the services found dead (by role, with Ray's error): a rank's error
+    from calling a dead actor (ActorDiedError) is the lost service's, not the stage's own."""
+    if not dead:
+        return failed
+    lost = ", ".join(f"{role} service ({type(why).__name__})" for role, why in sorted(dead.items()))
+    lost = f"stage '{stage}' lost its {lost}"
+    return LostWorkers(f"{lost}; {failed}" if isinstance(failed, LostWorkers) else lost)
 
 
 def wait_ready(stage: StagePlan, handles: dict[str, Any], embedded: bool, say: Callable[[str], None]) -> None:
