@@ -32,11 +32,13 @@ class FakeLauncher:
     def __init__(self, fail: str | None = None) -> None:
         self.calls: list[str] = []
         self.inputs: dict[str, object] = {}
+        self.alongside: dict[str, int] = {}  # how many stages the run said ran side by side with it
         self.fail = fail
 
     def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> dict:
         self.calls.append(stage.name)
         self.inputs[stage.name] = stage.inputs
+        self.alongside[stage.name] = stage.resources.alongside
         output = "adapter" if getattr(stage.stage, "lora", None) else "model"
         (scratch / output).mkdir()
         (scratch / output / "weights.bin").write_text(stage.name)
@@ -170,9 +172,12 @@ class MeetingLauncher(FakeLauncher):
 
 
 def test_stages_whose_inputs_are_ready_run_at_the_same_time(pipeline: Path) -> None:
+    """Each stage is told how many run side by side, to take its part of the cores: sft and rm start
+    together (neither reads a stage), and dpo starts while rm waits for it."""
     launcher = MeetingLauncher()
     assert set(run(pipeline, launcher).values()) == {"ran"}
     assert launcher.calls[0] == "sft" and set(launcher.calls[1:3]) == {"dpo", "rm"}
+    assert {name: launcher.alongside[name] for name in ("sft", "rm", "dpo")} == {"sft": 2, "rm": 2, "dpo": 2}
 
 
 class InterruptedLauncher(FakeLauncher):

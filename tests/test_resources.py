@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from align.errors import AlignError
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import build
+from align.planning.resources import shared_cpus
 from align.report.status import where_ranks_ran
 from align.run.ray_stages import check_shared
 from align.run.workers import GroupShape, rank_order
@@ -38,10 +40,41 @@ def test_a_stage_takes_its_own_keys_over_the_defaults(tmp_path: Path) -> None:
 
 
 def test_unset_cpus_share_this_machine_on_an_embedded_ray_and_take_one_on_a_cluster(tmp_path: Path) -> None:
+    """A stage's ranks split the cores; stages side by side split them first (sft and dpo read nothing,
+    so a run starts both at once), each stage its equal part."""
     dpo = plan_of(tmp_path).stages["dpo"]
-    shared = dict(GroupShape.of(dpo, gpu=False, embedded=True).bundle)["CPU"]
-    assert shared * 2 <= os.cpu_count() and shared > os.cpu_count() / 2 - 0.01
-    assert dict(GroupShape.of(dpo, gpu=False, embedded=False).bundle)["CPU"] == 1.0
+    assert dpo.resources.alongside == 2
+
+    def cpus(stage, embedded: bool = True) -> float:
+        return dict(GroupShape.of(stage, gpu=False, embedded=embedded).bundle)["CPU"]
+
+    beside, alone = cpus(dpo), cpus(replace(dpo, resources=replace(dpo.resources, alongside=1)))
+    assert alone * 2 <= os.cpu_count() and alone > os.cpu_count() / 2 - 0.01
+    assert beside * 4 <= os.cpu_count() and beside > os.cpu_count() / 4 - 0.01
+    assert cpus(dpo, embedded=False) == 1.0
+    assert shared_cpus(1, alongside=2) == os.cpu_count() / 2  # two 1-rank stages: half the cores each
+
+
+def test_plan_says_the_share_of_stages_that_start_together(tmp_path: Path, capsys) -> None:
+    """Two children of one stage start together; the parent and the stage that reads both run alone."""
+    child = stage("dpo", model="${stages.sft.output}")
+    models = {"left": "${stages.left.output}", "right": "${stages.right.output}"}
+    data, rewards = {"prompts": "align:toy/number-or-word/test"}, [{"function": "exact_answer"}]
+    both = {"kind": "eval", "models": models, "data": data, "rewards": rewards}
+    stages = {"sft": stage("sft"), "left": child, "right": child, "last": both}
+    path = write_pipeline(tmp_path, "fork", stages)
+    plan = build(load(path), CPU)
+    assert {name: s.resources.alongside for name, s in plan.stages.items()} == {
+        "sft": 1,
+        "left": 2,
+        "right": 2,
+        "last": 1,
+    }
+    assert main(["plan", str(path)]) == 0
+    out, cores = capsys.readouterr().out, os.cpu_count()
+    share = f"beside 1 other stage: {shared_cpus(1, 2):g} of this machine's {cores} cores"
+    assert out.count(f"embedded: {share} (all {cores} when it runs alone") == 2
+    assert out.count(f"embedded: the rank takes this machine's {cores} cores (1 CPU on a cluster)") == 2
 
 
 def test_plan_prints_each_request(tmp_path: Path, capsys) -> None:

@@ -9,6 +9,7 @@ again. Nothing downstream re-reads the YAML.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -368,4 +369,17 @@ def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
             problems += err.problems
     if problems:
         raise ConfigError(problems)
+    stages = started_together(stages)
     return Plan(pipeline=pipeline, order=tuple(names), edges=edges, stages=stages, hardware=hardware)
+
+
+def started_together(stages: dict[str, StagePlan]) -> dict[str, StagePlan]:
+    """Each stage told how many stages a full run starts with it (those that read the same stages are ready
+    at one moment; the first stages all at once), so that `align plan` says its share of an embedded Ray's
+    cores. The run counts them again as it starts them (align/run/controller.py): skipped ones drop out."""
+    together = Counter(frozenset(stage.upstream) for stage in stages.values())
+    with_count = {name: together[frozenset(stage.upstream)] for name, stage in stages.items()}
+    return {
+        name: replace(stage, resources=replace(stage.resources, alongside=with_count[name]))
+        for name, stage in stages.items()
+    }

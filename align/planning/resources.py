@@ -1,6 +1,7 @@
 """What a stage asks Ray for: one bundle per rank, reserved all at once (a placement group), with how long
 to wait for it. The plan fixes the request; where the group starts (align/run/workers.py) fills in the one
-default that depends on which Ray it joined: the CPUs of a CPU rank."""
+default that depends on which Ray it joined: the CPUs of a CPU rank, this machine's cores on an embedded
+Ray, split among the stages the run starts side by side (`alongside`, counted by the run's Schedule)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Request:
     strategy: str = "pack"
     wait_s: float = 600.0
     stage: str = ""  # whose request: names the YAML path of a refusal
+    alongside: int = 1  # stages side by side, itself included: they split an embedded Ray's cores
 
     def bundle(self, cpus: float) -> dict[str, float]:
         """One rank's bundle, with `cpus` for a request that left them to where the group starts."""
@@ -44,6 +46,8 @@ class Request:
             return ""
         cores = os.cpu_count() or 1
         if self.cpus is None:
+            if beside := self.beside():
+                return f"embedded: {beside} (all {cores} when it runs alone; 1 CPU per rank on a cluster)"
             if self.workers == 1:
                 return f"embedded: the rank takes this machine's {cores} cores (1 CPU on a cluster)"
             each = f"{shared_cpus(self.workers):g} CPU each, 1 on a cluster"
@@ -52,11 +56,23 @@ class Request:
             return f"this machine cannot hold it ({problems[0]}); `align run` refuses it without --address"
         return ""
 
+    def beside(self) -> str:
+        """The part of an embedded Ray's cores this stage takes beside the stages that run with it, in words;
+        "" when it runs alone or names its own CPUs, GPUs or resources (those it gets as asked)."""
+        if self.alongside == 1 or self.cpus is not None or self.gpus or self.custom:
+            return ""
+        others = f"{self.alongside - 1} other stage{'s' if self.alongside > 2 else ''}"
+        part = f"{shared_cpus(1, self.alongside):g} of this machine's {os.cpu_count() or 1} cores"
+        ranks = f", {shared_cpus(self.workers, self.alongside):g} CPU per rank" if self.workers > 1 else ""
+        return f"beside {others}: {part}{ranks}"
 
-def shared_cpus(workers: int) -> float:
-    """Each CPU rank's share of this machine's cores on an embedded Ray (Ray takes fractions of a CPU),
-    rounded down so that the shares add up to no more than the machine has."""
-    return math.floor((os.cpu_count() or 1) / workers * 10_000) / 10_000
+
+def shared_cpus(workers: int, alongside: int = 1) -> float:
+    """Each CPU rank's share of this machine's cores on an embedded Ray (Ray takes fractions of a CPU): the
+    `alongside` stages that run side by side take equal parts, and a stage's `workers` ranks split its part
+    (bench/results/concurrency-cpu.md: side by side on one core each beats one after the other on all).
+    Rounded down, so that the shares add up to no more than the machine has."""
+    return math.floor((os.cpu_count() or 1) / (workers * alongside) * 10_000) / 10_000
 
 
 def stage_request(pipeline: Pipeline, name: str, workers: int, accelerator: bool) -> Request:

@@ -108,7 +108,7 @@ def run_stage(
         ended=time.time(),
         metrics=result["metrics"],
         samples=result.get("samples", []),
-        ranks=result.get("ranks", []),  # where each rank ran: node, GPUs, local rank
+        ranks=result.get("ranks", []),  # where each rank ran: node, GPUs, CPUs, local rank
         output=output_of(result, inputs, folder),
         resumed_from=resumed_from,
         steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),
@@ -255,7 +255,29 @@ class Schedule:
 
     def start_ready(self, pool: ThreadPoolExecutor, launch: Launcher, ray: RayStages | None) -> None:
         """Skip or start, in the pipeline's order, each stage whose upstream stages all succeeded; drop the
-        ones an upstream failure leaves without input."""
+        ones an upstream failure leaves without input. The stages started here and those still running run
+        side by side: each is told how many (`Request.alongside`), to take its part of an embedded Ray's
+        cores rather than all of them and wait its turn."""
+        starting = self.ready()
+        alongside = len(starting) + len(self.running)
+        for stage, stamp in starting:
+            share = ""
+            if stage.resources is not None:
+                stage = replace(stage, resources=replace(stage.resources, alongside=alongside))
+                share = stage.resources.beside()
+            if ray is not None:
+                ray.start(stage)  # its one line (which Ray) before the first stage's, in the main thread
+                ray.workers.turns.queue(stage.name)
+            where = f"{stage.workers} worker(s), backend {stage.backend}"
+            if share and ray is not None and ray.embedded:  # a cluster's CPU ranks take one CPU each
+                where += f", {share}"
+            self.on_event(f"[{stage.name}] running {stage.kind} on {where}")
+            self.running[pool.submit(self.run_one, stage, stamp, launch)] = stage.name
+
+    def ready(self) -> list[tuple[StagePlan, str]]:
+        """The stages to start now, with their fingerprints; those up to date are skipped on the way (so that
+        their dependents, later in the order, may be ready too)."""
+        starting = []
         for name in list(self.todo):
             needs = self.plan.stages[name].upstream
             if failed := [up for up in needs if up in self.failures or up in self.not_run]:
@@ -278,12 +300,8 @@ class Schedule:
                 continue  # its dependents come later in the order, and may be ready now
             stage = priced_at_launch(self.plan.pipeline, stage)
             check_space(stage, folders[name].parent)
-            if ray is not None:
-                ray.start(stage)  # its one line (which Ray) before the first stage's, in the main thread
-                ray.workers.turns.queue(name)
-            where = f"{stage.workers} worker(s), backend {stage.backend}"
-            self.on_event(f"[{name}] running {stage.kind} on {where}")
-            self.running[pool.submit(self.run_one, stage, stamp, launch)] = name
+            starting.append((stage, stamp))
+        return starting
 
     def run_one(self, stage: StagePlan, stamp: str, launch: Launcher) -> Outcome:
         folder = self.folders[stage.name]

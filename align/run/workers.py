@@ -114,10 +114,11 @@ class GroupShape:
 
     @classmethod
     def of(cls, stage: Any, gpu: bool, embedded: bool) -> GroupShape:
-        """A stage's shape. A CPU rank that names no CPUs gets this machine's cores shared on an embedded
-        Ray (ranks may share a core: Ray takes fractions), one CPU on a cluster."""
+        """A stage's shape. A CPU rank that names no CPUs gets, on an embedded Ray, its share of this
+        machine's cores beside the stages started with it (ranks may share a core: Ray takes fractions),
+        one CPU on a cluster."""
         request = stage.resources
-        shared = shared_cpus(stage.workers) if embedded else 1.0
+        shared = shared_cpus(stage.workers, request.alongside) if embedded else 1.0
         bundle = tuple(sorted(request.bundle(shared).items()))
         return cls(stage.workers, gpu, bundle, request.strategy, request.wait_s)
 
@@ -216,6 +217,7 @@ class WorkerGroup:
                     "node_id": node,
                     "local_rank": int(env_r["LOCAL_RANK"]),
                     "gpus": gpus,
+                    "cpus": bundle["CPU"],  # its share where it shared an embedded Ray's cores
                 }
                 for r, ((ip, gpus, node), env_r) in enumerate(zip(places, ranks, strict=True))
             ]
