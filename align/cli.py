@@ -75,19 +75,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     if not (args.address or os.environ.get("RAY_ADDRESS")):
         refuse_what_this_machine_cannot_hold(plan)
-    progress = ProgressLine(sys.stdout)
-    try:
-        outcomes = run_plan(
-            plan,
-            only=args.stage,
-            force=args.force,
-            restart=args.restart,
-            address=args.address,
-            verbose=args.verbose,
-            on_event=progress.event,
-            on_progress=progress.update,
-            command=" ".join(["align", *sys.argv[1:]]),
+    if plan.pipeline.sweep is not None and (args.stage or args.force or args.restart):
+        raise AlignError(
+            "--stage, --force and --restart pick stages of a pipeline without `sweep:`: remove them"
         )
+    progress = ProgressLine(sys.stdout)
+    settings = {
+        "address": args.address,
+        "verbose": args.verbose,
+        "on_event": progress.event,
+        "on_progress": progress.update,
+        "command": " ".join(["align", *sys.argv[1:]]),
+    }
+    try:
+        if plan.pipeline.sweep is not None:
+            from align.run.sweep import run_sweep
+
+            outcomes = run_sweep(plan, **settings)
+        else:
+            outcomes = run_plan(plan, only=args.stage, force=args.force, restart=args.restart, **settings)
     except Interrupted as err:
         progress.end()
         again = " ".join(["align", "run", args.file, *resume_options(args)])

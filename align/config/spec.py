@@ -28,6 +28,8 @@ from align.config.teacher import TeacherSpec
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
+VARIANT_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*(\[[^\]]+\])?$"
+"""A name, or a sweep's variant of one (`dpo[beta=0.1]`): what align names after a stage or eval model."""
 
 
 class LoraSpec(Strict):
@@ -237,7 +239,7 @@ class EvalStage(StageBase):
 
     @model_validator(mode="after")
     def comparable(self) -> EvalStage:
-        if bad := [name for name in self.models if not re.fullmatch(STAGE_NAME, name)]:
+        if bad := [name for name in self.models if not re.fullmatch(VARIANT_NAME, name)]:
             raise ValueError(f"models: {bad[0]!r} is not a name (letters, digits, _ and -)")
         if self.model is not None:
             raise ValueError("an eval stage names the models it compares under `models:`, not `model:`")
@@ -339,6 +341,8 @@ class Pipeline(Strict):
     """Each stage's upstream stages, from its `${stages.X.output}` references: set by the file's checks."""
     source_dir: str | None = Field(default=None, exclude=True)
     """The pipeline file's folder: its relative paths were read from there (align.pipeline.file)."""
+    sweep: Any = Field(default=None, exclude=True)
+    """The file's `sweep:` validated, with what expanding it needs (align.pipeline.sweep.Sweep), or None."""
 
     def stage_model(self, name: str) -> str:
         """The model a stage starts from: its own `model:` or the pipeline's base model."""

@@ -14,6 +14,7 @@ references, and reward `function:`s, which are dotted imports (see `Pipeline.mod
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,14 +25,25 @@ from pydantic import Field, ValidationError
 
 from align.backends import BACKENDS
 from align.cache import exists, user_path
-from align.config.spec import KINDS, STAGE_NAME, Defaults, Pipeline, StageBase
+from align.config.spec import KINDS, STAGE_NAME, VARIANT_NAME, Defaults, Pipeline, StageBase
 from align.config.strict import Strict
+from align.config.sweep import SweepSpec
 from align.config.validation import pydantic_problems
 from align.data.loading import data_location
 from align.errors import ConfigError, Problem
 from align.models.chat_templates import BUILTIN as BUILTIN_TEMPLATES
 from align.models.loading import model_location
 from align.pipeline.checks import cross_check
+from align.pipeline.sweep import (
+    Sweep,
+    candidates,
+    expand,
+    grid_values,
+    metric_problems,
+    repeated_and_evals,
+    set_path,
+    stage_problems,
+)
 from align.pipeline.trl_args import trl_problems
 
 
@@ -43,7 +55,7 @@ class Header(Strict):
     allow_custom_code: bool = False
     chat_template: str | None = None
     defaults: Defaults = Defaults()
-    stages: Annotated[dict[Annotated[str, Field(pattern=STAGE_NAME)], Any], Field(min_length=1)]
+    stages: Annotated[dict[Annotated[str, Field(pattern=VARIANT_NAME)], Any], Field(min_length=1)]
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -230,9 +242,54 @@ def resolved(path: Path, overrides: list[str]) -> dict[str, Any]:
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
-    """Read, override and validate a pipeline file; every problem is reported at once."""
+    """Read, override and validate a pipeline file; every problem is reported at once. A file with
+    `sweep:` comes back expanded into its variants where they are known up front (a grid)."""
     path = Path(path)
+    source_dir = str(user_path(str(path.parent)))
     try:
-        return parse(resolved(path, overrides or []), source_dir=str(user_path(str(path.parent))))
+        raw = resolved(path, overrides or [])
+        sweep = raw.pop("sweep", None)
+        return parse(raw, source_dir) if sweep is None else swept(raw, sweep, source_dir)
     except ConfigError as err:
         raise ConfigError(err.problems, source=str(path)) from None
+
+
+def swept(raw: dict[str, Any], sweep_raw: Any, source_dir: str) -> Pipeline:
+    """The pipeline of a file with `sweep:`: the grid's variants as stages, or, for values drawn as the
+    sweep runs, the stages as written; either way with the validated `Sweep`."""
+    problems = []
+    try:
+        spec = SweepSpec.model_validate(sweep_raw)
+    except ValidationError as err:
+        problems, spec = pydantic_problems(err, prefix="sweep", model=SweepSpec), None
+    written = parse(raw, source_dir)
+    if spec is not None:
+        problems += stage_problems(spec, written.stages) or value_problems(spec, raw, Path(source_dir))
+        problems += [] if problems else metric_problems(spec, written.stages)
+    if problems:
+        raise ConfigError(problems)
+    repeated, evals = repeated_and_evals(spec, written.stages)
+    grid = grid_values(spec) if spec.method == "grid" else None
+    sweep = Sweep(spec, raw, tuple(repeated), tuple(evals), None if grid is None else tuple(grid))
+    return with_variants(sweep, grid, source_dir) if grid else written.model_copy(update={"sweep": sweep})
+
+
+def value_problems(spec: SweepSpec, raw: dict[str, Any], base: Path) -> list[Problem]:
+    """Each swept value checked as the stage's own: the stage validated with it set, named by its place in
+    `sweep.parameters` (a distribution's ends stand for it)."""
+    stage = spec.stage()
+    problems = []
+    for path, space in spec.parameters.items():
+        for index, value in enumerate(candidates(space)):
+            body = copy.deepcopy(raw["stages"][stage])
+            set_path({"stages": {stage: body}}, path, resolve_paths(value, tuple(path.split(".")), base))
+            found, own = validate_stage(stage, body)
+            if found is not None:
+                own = trl_problems(found.kind, getattr(found, "trl", {}), f"stages.{stage}.trl")
+            problems += [Problem(f"sweep.parameters.{path}[{index}]", f"{p.path}: {p.message}") for p in own]
+    return problems
+
+
+def with_variants(sweep: Sweep, variants: list[dict[str, Any]], source_dir: str | None) -> Pipeline:
+    """The pipeline with `variants` of the swept stage (and of what reads it) as stages of their own."""
+    return parse(expand(sweep, variants), source_dir).model_copy(update={"sweep": sweep})

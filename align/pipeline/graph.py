@@ -7,7 +7,8 @@ from typing import Any
 
 from align.errors import Problem
 
-REFERENCE = re.compile(r"\$\{stages\.([A-Za-z_][A-Za-z0-9_-]*)\.output\}")
+REFERENCE = re.compile(r"\$\{stages\.([A-Za-z_][A-Za-z0-9_-]*(?:\[[^\]]*\])?)\.output\}")
+"""`${stages.NAME.output}`; a sweep's variant of a stage is `NAME[beta=0.1]` (align/pipeline/sweep.py)."""
 
 
 def strings(value: Any, path: str) -> list[tuple[str, str]]:

@@ -99,11 +99,41 @@ def precision_as_run(stage: StagePlan) -> str:
     return describe(stage.precision, stage.trainable_dtype, lora)
 
 
+def sweep_lines(plan: Plan) -> list[str]:
+    """What a sweep runs: its variants (or how they are drawn), what each repeats, what runs once."""
+    sweep, spec = plan.pipeline.sweep, plan.pipeline.sweep.spec
+    swept = ", ".join(path.removeprefix(f"stages.{sweep.stage}.") for path in spec.parameters)
+    if sweep.grid is not None:
+        drawn = f"{len(sweep.grid)} variants of {sweep.stage} (a grid over {swept})"
+    else:
+        seed = spec.seed if spec.seed is not None else plan.pipeline.defaults.seed
+        how = f"{spec.method} over {swept}, seed {seed}"
+        drawn = f"{spec.samples} variants of {sweep.stage} drawn by Ray Tune ({how})"
+    once = [name for name in plan.order if "[" not in name and name not in (*sweep.repeated, *sweep.evals)]
+    lines = [
+        f"sweep: {drawn}, ranked by {spec.metric} ({spec.mode})",
+        f"  each variant runs {', '.join(sweep.repeated)}; once for all: {', '.join(once) or 'nothing'}",
+    ]
+    if sweep.evals:
+        lines.append(f"  compared by {', '.join(sweep.evals)}: a row per variant")
+    if spec.early_stop is not None:
+        early = spec.early_stop
+        lines.append(
+            f"  early stop (ASHA): from step {early.grace_steps}, a variant not in the best "
+            f"1/{early.reduction_factor:g} by {early.metric} ({early.mode}) stops"
+        )
+    if sweep.grid is None:
+        lines.append(f"  below: {sweep.stage} as written; each variant sets {swept}")
+    return lines
+
+
 def format_plan(plan: Plan) -> str:
     """Stages in order with kind, model source, backend (and why), workers, placement and memory."""
     memory = format_bytes(plan.hardware.device_memory)
     where = f"GPU, {memory} per device" if plan.hardware.accelerator else f"CPU, {memory} of host memory"
     lines = [f"pipeline {plan.pipeline.name}: {len(plan.order)} stages on {where}"]
+    if plan.pipeline.sweep is not None:
+        lines += sweep_lines(plan)
     for index, name in enumerate(plan.order, 1):
         stage = plan.stages[name]
         lines.append(
@@ -138,11 +168,12 @@ def format_plan(plan: Plan) -> str:
 def format_outcomes(outcomes) -> str:
     """One line per stage: ran or skipped, time, and the metrics that say whether it worked."""
     lines = ["summary:"]
+    width = max([10, *(len(outcome.stage) for outcome in outcomes)])
     for outcome in outcomes:
         shown = ", ".join(
             f"{key}={outcome.metrics[key]:.4g}" for key in SHOWN_METRICS if key in outcome.metrics
         )
-        lines.append(f"  {outcome.stage:<10} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
+        lines.append(f"  {outcome.stage:<{width}} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
         lines += [f"    {outcome.metrics[key]}" for key in SAID_METRICS if key in outcome.metrics]
         lines += format_eval(outcome.metrics)  # an eval stage's table; nothing for the others
     return "\n".join(lines)

@@ -187,21 +187,24 @@ class WorkerGroup:
         stage: str,
         say: Callable[[str], None],
         holders: Callable[[], list[str]] = list,
+        within: Any = None,
     ) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.shape, self.stopped, self.actors = shape, False, []
         bundle = dict(shape.bundle)
-        self.placement_group = reserve(
+        self.owned = within is None  # else a sweep variant's, which Ray Tune reserved for its trial
+        self.placement_group = within or reserve(
             stage, [bundle] * shape.workers, shape.strategy, shape.wait_s, say, holders
         )
+        first = self.placement_group.bundle_count - shape.workers  # after the trial's own, if any
         try:
             custom = {key: value for key, value in bundle.items() if key not in ("CPU", "GPU")}
             remote = ray.remote(max_restarts=0, max_concurrency=1)(StageWorker)
             for index in range(shape.workers):
                 strategy = PlacementGroupSchedulingStrategy(
-                    self.placement_group, placement_group_bundle_index=index
+                    self.placement_group, placement_group_bundle_index=first + index
                 )
                 options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "resources": custom}
                 self.actors.append(remote.options(scheduling_strategy=strategy, **options).remote())
@@ -247,7 +250,8 @@ class WorkerGroup:
             return
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        remove_placement_group(self.placement_group)
+        if self.owned:
+            remove_placement_group(self.placement_group)
         self.stopped = True
 
 

@@ -68,6 +68,7 @@ class ProgressFile(TrainerCallback):
         self.started = time.time()
         self.written = 0.0
         self.last_value: tuple[str, float] | None = None
+        self.logged: dict[str, float] = {}  # every value logged so far, its latest: a sweep's ASHA reads them
         self.first_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -76,6 +77,7 @@ class ProgressFile(TrainerCallback):
         self.write(state, force=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logged.update({key: float(v) for key, v in (logs or {}).items() if isinstance(v, int | float)})
         for key in SHOWN:
             if logs and isinstance(logs.get(key), int | float):
                 self.last_value = (key, float(logs[key]))
@@ -95,5 +97,6 @@ class ProgressFile(TrainerCallback):
             "started": self.started,
             "time": self.written,
             "value": self.last_value,
+            "logged": self.logged,
         }
         write_atomically(self.path, with_notes(self.path, entry))
