@@ -97,6 +97,12 @@ sft dpo kto merge reward ppo grpo rloo: $(SETUP)
 distill: $(SETUP)
 	@$(OFFLINE) $(ALIGN) run pipelines/tiny_distill.yaml
 
+# A sweep on Ray Tune: the demo's DPO beta over three values, SFT once, the variants side by side, one eval
+# table with a row per variant, then the ranking with intervals (pipelines/sweep_dpo_beta.yaml).
+.PHONY: sweep
+sweep: $(SETUP)
+	@$(OFFLINE) $(ALIGN) run pipelines/sweep_dpo_beta.yaml
+
 clean:
 	rm -rf runs
 

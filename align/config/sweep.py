@@ -39,7 +39,7 @@ class SweepSpec(Strict):
     """`grid`: every combination of the lists; `random`: `samples` draws; `optuna`: `samples` draws by
     Optuna's TPE, each from the results so far."""
     samples: Annotated[int, Field(ge=1)] = 1
-    """How many variants `random` and `optuna` draw; for `grid`, how many times the grid is run."""
+    """How many variants `random` and `optuna` draw (a grid runs each of its combinations once)."""
     metric: str
     """What ranks the variants: an eval stage's `eval/<model>/<reward>` (the model whose output the swept
     stage gives), or `<stage>/<recorded metric>` of the swept stage or one that reads it."""
@@ -72,6 +72,11 @@ class SweepSpec(Strict):
             raise ValueError(
                 f"method grid takes lists of values; {drawn[0]!r} is a distribution: "
                 "use method: random (or optuna) with samples: N"
+            )
+        if self.method == "grid" and self.samples > 1:
+            raise ValueError(
+                "samples is for random and optuna; a grid runs each combination once (one seed gives the "
+                "same run twice)"
             )
         return self
 

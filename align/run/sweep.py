@@ -32,6 +32,7 @@ from align.run.controller import Outcome, Schedule
 from align.run.launch import ray_launch
 from align.run.lock import run_lock
 from align.run.ray_stages import RayStages, check_shared, ray_launcher
+from align.run.reservation import NOTE_EVERY_S, free_per_node, largest_node, shown
 from align.run.services import stage_services
 from align.run.workers import GroupShape, WorkerGroup
 
@@ -179,6 +180,8 @@ def tune_variants(
         logging.getLogger(logger).setLevel(logging.CRITICAL)
     sweep: Sweep = plan.pipeline.sweep
     ray_stages.start(plan.stages[first_variant(plan, sweep)])
+    with ray_stages.workers.lock:
+        ray_stages.workers.stop_idle()  # the shared stages' warm ranks would hold the cores the trials need
     stage = plan.stages[first_variant(plan, sweep)]
     side_by_side = sweep.spec.max_concurrent or variants_at_once(sweep, stage, ray_stages.embedded)
     shape = GroupShape.of(
@@ -214,9 +217,25 @@ def tune_variants(
     found: dict[str, Any] = {}
     fitting = threading.Thread(target=lambda: found.update(grid=tuner.fit()), name="tune", daemon=True)
     fitting.start()
+    asked = f"{shape.workers} x {shown(dict(shape.bundle))} ({shape.strategy})"
     try:
+        note_at = NOTE_EVERY_S
         while fitting.is_alive():
             fitting.join(0.5)
+            waited = time.monotonic() - progress.idle_since
+            if progress.running or waited < note_at:
+                note_at = NOTE_EVERY_S if progress.running else note_at
+                continue
+            if waited >= shape.wait_s:
+                progress.stop_all = True
+                raise AlignError(
+                    f"sweep: no variant could start in {shape.wait_s:g} s: each asks {asked}, and the "
+                    f"largest node has {shown(largest_node())}; lower the stage's `resources:` or "
+                    "`workers:`, or add nodes"
+                )
+            free = "; ".join(shown(node) for node in free_per_node()) or "none"
+            on_event(f"[sweep] waiting {waited:.0f} s for {asked} per variant; free per node: {free}")
+            note_at += NOTE_EVERY_S
     except KeyboardInterrupt as err:
         progress.stop_all = True
         on_event("stopping the sweep's variants: each is set aside for the next run to resume")
@@ -327,6 +346,17 @@ def trial_progress(sweep: Sweep, on_event: Event, on_progress: Callable[[str, di
 
     class TrialProgress(Callback):
         stop_all = False
+        running = 0
+        idle_since = time.monotonic()  # when no trial was running last
+
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **_: Any):
+            self.running += 1
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **_: Any):
+            self.running -= 1
+            self.idle_since = time.monotonic()
+
+        on_trial_error = on_trial_complete
 
         def stopper(self, trial_id: str, result: dict[str, Any]) -> bool:
             return self.stop_all
