@@ -107,6 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         progress.end()
     print(format_outcomes(outcomes))
+    if plan.pipeline.sweep is not None:
+        from align.report.sweep_report import format_sweep, read_sweep
+
+        print(format_sweep(read_sweep(plan.pipeline, args.file, args.set)))
+        print(f"`align sweep-report {args.file}` writes its plot and links the best variant's outputs")
     return 0
 
 
@@ -193,6 +198,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     page, summary = write_report(run, Path(args.out) if args.out else run.folder)
     print(page)
     print(summary)
+    return 0
+
+
+def cmd_sweep_report(args: argparse.Namespace) -> int:
+    from align.pipeline.file import load
+    from align.report.sweep_report import format_sweep, link_best, read_sweep, write_page
+
+    report = read_sweep(load(args.file, args.set), args.file, args.set)
+    links = link_best(report)
+    print(format_sweep(report))
+    print(write_page(report, links))
+    for link in links:
+        print(f"{link} -> {os.readlink(link)}")
     return 0
 
 
@@ -336,6 +354,12 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("target", help="the pipeline YAML file, or its run folder (runs/<pipeline>)")
     report.add_argument("--out", help="the folder to write into (default: the run folder)")
     report.set_defaults(handler=cmd_report)
+    pipeline_command(
+        "sweep-report",
+        cmd_sweep_report,
+        "a sweep's variants ranked with 95% intervals, the best and whether the data separate it from the "
+        "runner-up; writes sweep-report.md and its plot, and links the best's outputs as best/STAGE",
+    )
     chat = commands.add_parser("chat", help="talk to a model, or a stage's output, streaming its replies")
     chat.add_argument("target", help="a model folder (or builtin, hub id), or a pipeline YAML file")
     chat.add_argument("--stage", help="with a pipeline file: the stage whose output to load (default: last)")

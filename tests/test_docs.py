@@ -215,7 +215,7 @@ def test_field_notes_stand_in_only_for_missing_docstrings() -> None:
 
 def test_cli_reference_lists_every_command_and_option() -> None:
     page = cli_page()
-    commands = re.findall(r"^## `align (\w+)`$", page, re.MULTILINE)
+    commands = re.findall(r"^## `align ([\w-]+)`$", page, re.MULTILINE)
     subparsers = next(a for a in parser()._actions if a.dest == "command")
     assert commands == list(subparsers.choices)
     for name, sub in subparsers.choices.items():

@@ -83,16 +83,21 @@ def table_rows(metrics: dict[str, float]) -> list[list[str]]:
     ]
 
 
+def text_table(top: list[str], rows: list[list[str]], indent: str = "    ") -> list[str]:
+    """A header and rows as aligned text lines, for the console."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(top, *rows, strict=True)]
+    return [
+        (indent + "  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths, strict=True))).rstrip()
+        for row in [top, *rows]
+    ]
+
+
 def format_eval(metrics: dict[str, float], indent: str = "    ") -> list[str]:
     """The eval table and any harness scores as aligned text lines, for the run's summary."""
     lines = []
     for top, rows in ((header(metrics), table_rows(metrics)), (LM_EVAL_HEADER, harness_rows(metrics))):
-        if not rows:
-            continue
-        widths = [max(len(str(cell)) for cell in column) for column in zip(top, *rows, strict=True)]
-        for row in [top, *rows]:
-            cells = "  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths, strict=True))
-            lines.append((indent + cells).rstrip())
+        if rows:
+            lines += text_table(top, rows, indent)
     return lines
 
 

@@ -202,3 +202,37 @@ def interval_plot(title: str, rows: list[Any]) -> Plot:
             axes.invert_yaxis()
             axes.grid(alpha=0.3, axis="x")
     return Plot(png(figure), [f"{reward}: mean and win rate" for reward in rewards])
+
+
+def log_scaled(values: list[Any]) -> bool:
+    """Whether swept values spread over a decade or more of positive numbers (a learning rate): a log axis."""
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    return len(numbers) == len(values) and min(numbers) > 0 and max(numbers) >= 10 * min(numbers)
+
+
+def sweep_plot(title: str, metric: str, swept: dict[str, list[Any]], points: list[Any]) -> Plot:
+    """A sweep's metric against each swept parameter, a panel each, with interval bars where the metric has
+    them. `points`: (value, (low, high) or None) per variant, best first (starred); `swept`: each
+    parameter's value per point."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(4.4 * len(swept), 3.4), layout="constrained")
+    figure.suptitle(title, fontsize="medium")
+    for axes, (name, values) in zip(
+        figure.subplots(1, len(swept), squeeze=False)[0], swept.items(), strict=True
+    ):
+        names = list(dict.fromkeys(map(str, values)))
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        places = values if numeric else [names.index(str(v)) for v in values]
+        for index, ((mean, interval), at) in enumerate(zip(points, places, strict=True)):
+            bars = None if interval is None else [[mean - interval[0]], [interval[1] - mean]]
+            look = {"fmt": "*", "markersize": 12, "color": "#b5523b"} if index == 0 else {"fmt": "o"}
+            axes.errorbar([at], [mean], yerr=bars, capsize=4, **{"color": "#4a6fa5", **look})
+        if not numeric:
+            axes.set_xticks(range(len(names)), names)
+        elif log_scaled(values):
+            axes.set_xscale("log")
+        axes.set_xlabel(name)
+        axes.set_ylabel(metric)
+        axes.grid(alpha=0.3)
+    return Plot(png(figure), [f"{metric} against {name}" for name in swept])
