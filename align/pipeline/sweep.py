@@ -182,8 +182,9 @@ def metric_problems(spec: SweepSpec, stages: dict[str, Any]) -> list[Problem]:
             return [
                 Problem(
                     "sweep.metric",
-                    "optuna learns from each variant as it ends; an eval stage compares them all at the end: "
-                    "rank by a metric the swept stage records (e.g. <stage>/eval_loss), or use random",
+                    "optuna learns from each variant as it ends, and an eval stage compares them all at the "
+                    "end: rank by a metric the swept stage records (e.g. dpo/preference_accuracy_after), "
+                    "or use random",
                 )
             ]
         return []

@@ -11,12 +11,14 @@ rerun skips what finished (without starting Ray when nothing is left) and resume
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from align.run.services import stage_services
 from align.run.workers import GroupShape, WorkerGroup
 
 STATE = "sweep.json"
+ENDS = ("succeeded", "stopped", "failed", "interrupted")  # how a variant ended, the most final first
 STOP_GRACE_S = 30.0  # after an interrupt, how long the trials get to set their stages aside
 Event = Callable[[str], None]
 
@@ -58,12 +61,19 @@ def state_path(plan: Plan) -> Path:
 
 
 def read_state(path: Path, sweep: Sweep) -> list[dict[str, Any]]:
-    """The variants an earlier run of this same sweep drew, with how each ended; none for another sweep."""
+    """The variants an earlier run of this same sweep drew, with how each ended; none for another sweep (other
+    values, method or seed: ranking by another metric, or asking for more samples, keeps them)."""
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    return state["variants"] if state.get("spec") == sweep.spec.model_dump(mode="json") else []
+    return state["variants"] if drawn_alike(state.get("spec") or {}, sweep) else []
+
+
+def drawn_alike(spec: dict[str, Any], sweep: Sweep) -> bool:
+    """Whether a sweep state's spec draws the same variants as `sweep`."""
+    same = ("parameters", "method", "seed")
+    return {k: spec.get(k) for k in same} == {k: sweep.spec.model_dump(mode="json")[k] for k in same}
 
 
 def key(values: dict[str, Any]) -> str:
@@ -241,9 +251,13 @@ def tune_variants(
         on_event("stopping the sweep's variants: each is set aside for the next run to resume")
         fitting.join(STOP_GRACE_S)
         raise Interrupted(getattr(err, "signum", Interrupted.received), "the sweep stopped") from None
-    variants = [ending(sweep, result) for result in found["grid"]]
-    drawn = {key(v["values"]) for v in variants}
-    variants += [v for v in known if key(v["values"]) not in drawn]
+    ends = [ending(sweep, result) for result in found["grid"]] + known
+    by_values: dict[str, dict[str, Any]] = {}  # a variant drawn twice ended as its best end says
+    for end in ends:
+        kept = by_values.get(key(end["values"]))
+        if kept is None or ENDS.index(end["status"]) < ENDS.index(kept["status"]):
+            by_values[key(end["values"])] = end
+    variants = list(by_values.values())
     write_state(state_path(plan), sweep, variants)
     return variants
 
@@ -390,9 +404,14 @@ def run_variant(config: dict[str, Any], context: Context, ended: dict[str, dict[
     names = sweep.variant_stages(values)
     reporter = Reporter(names[0])
     launch = TrialStages(context, ray.util.get_current_placement_group(), reporter)
+    folder = records.pipeline_dir(plan.pipeline.defaults.output_root, plan.pipeline.name)
     try:
         needed = upstream(plan.edges, set(names))  # the shared stages are up to date: skipped
-        Schedule(plan, [n for n in plan.order if n in needed], set(), set(), reporter.event).run(launch, None)
+        schedule = Schedule(plan, [n for n in plan.order if n in needed], set(), set(), reporter.event)
+        with variant_lock(
+            folder, names[0]
+        ):  # a random draw may repeat a variant: the second one waits, skips
+            schedule.run(launch, None)
     except (Interrupted, StageFailed, AlignError) as err:  # the trial ends here: Tune prints no traceback
         if not reporter.stopped:
             tune.report({"step": reporter.step, "variant_failed": str(err).strip().splitlines()[0]})
@@ -404,6 +423,17 @@ def run_variant(config: dict[str, Any], context: Context, ended: dict[str, dict[
         )
         final.update({f"{name}/{key}": value for key, value in (record or {}).get("metrics", {}).items()})
     tune.report({"step": reporter.step, "variant_done": True, **metrics_by_stage(final, sweep, values)})
+
+
+@contextmanager
+def variant_lock(folder: Path, name: str) -> Iterator[None]:
+    """Hold one variant's stages for this trial: two trials of the same values would write one folder."""
+    with open(folder / f".{name}.lock", "a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
 
 
 def metrics_by_stage(final: dict[str, float], sweep: Sweep, values: dict[str, Any]) -> dict[str, float]:
@@ -438,8 +468,13 @@ class Reporter:
 
     def progress(self, stage: str, entry: dict[str, Any]) -> None:
         step = entry.get("step")
-        if step is None or step == self.step and stage == self.stage:
-            return
+        if (
+            step is None
+            or step == self.step
+            and stage == self.stage
+            or step >= (entry.get("max_steps") or 1e18)
+        ):
+            return  # the last step is reported with the variant's end: ASHA stops a trial at its last rung
         self.step, self.stage = step, stage
         logged = {
             key: value for key, value in (entry.get("logged") or {}).items() if isinstance(value, float | int)
