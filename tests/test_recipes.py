@@ -41,7 +41,7 @@ def generate(generator: Path, out: Path, seed: int = 0) -> dict[str, bytes]:
 
 
 def data_folder(generator: Path) -> Path:
-    """make_compare.py writes recipes/data/compare/ by default."""
+    """The generators write recipes/data/<task>/ by default."""
     return generator.parent / generator.stem.removeprefix("make_")
 
 
