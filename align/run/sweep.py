@@ -225,7 +225,13 @@ def tune_variants(
         ),
     )
     found: dict[str, Any] = {}
-    fitting = threading.Thread(target=lambda: found.update(grid=tuner.fit()), name="tune", daemon=True)
+    def fit() -> None:
+        try:
+            found["grid"] = tuner.fit()
+        except Exception as err:  # noqa: BLE001 - raised in the driver's thread below
+            found["error"] = err
+
+    fitting = threading.Thread(target=fit, name="tune", daemon=True)
     fitting.start()
     asked = f"{shape.workers} x {shown(dict(shape.bundle))} ({shape.strategy})"
     try:
@@ -251,6 +257,8 @@ def tune_variants(
         on_event("stopping the sweep's variants: each is set aside for the next run to resume")
         fitting.join(STOP_GRACE_S)
         raise Interrupted(getattr(err, "signum", Interrupted.received), "the sweep stopped") from None
+    if "error" in found:
+        raise AlignError(f"sweep: Ray Tune stopped: {type(found['error']).__name__}: {found['error']}")
     ends = [ending(sweep, result) for result in found["grid"]] + known
     by_values: dict[str, dict[str, Any]] = {}  # a variant drawn twice ended as its best end says
     for end in ends:
@@ -303,7 +311,15 @@ def tune_settings(sweep: Sweep, plan: Plan, known: list[dict[str, Any]], side_by
     if spec.method == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        search = OptunaSearch(metric=spec.metric, mode=spec.mode, seed=seed, points_to_evaluate=earlier)
+        class AtTheEnd(OptunaSearch):
+            """Optuna hears a variant's metric at its end, when its stages have recorded it; the results
+            before (progress, ASHA's values) do not carry it."""
+
+            def on_trial_result(self, trial_id: str, result: dict) -> None:
+                if self.metric in result:
+                    super().on_trial_result(trial_id, result)
+
+        search = AtTheEnd(metric=spec.metric, mode=spec.mode, seed=seed, points_to_evaluate=earlier)
     elif spec.method == "random":
         search = BasicVariantGenerator(random_state=seed, points_to_evaluate=earlier)
     else:
