@@ -92,6 +92,12 @@ def run_target(target: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
 
     pipeline = load(target)
     folder = Path(pipeline.defaults.output_root).resolve() / pipeline.name
+    if pipeline.sweep is not None and pipeline.sweep.grid is None:  # drawn as it ran: as sweep.json says
+        from align.pipeline.file import with_variants
+        from align.run.sweep import STATE, read_state
+
+        drawn = [variant["values"] for variant in read_state(folder / STATE, pipeline.sweep)]
+        pipeline = with_variants(pipeline.sweep, drawn, pipeline.source_dir) if drawn else pipeline
     return folder, {name: stage.model_dump(mode="json") for name, stage in pipeline.stages.items()}
 
 
