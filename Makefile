@@ -97,11 +97,11 @@ sft dpo kto merge reward ppo grpo rloo: $(SETUP)
 distill: $(SETUP)
 	@$(OFFLINE) $(ALIGN) run pipelines/tiny_distill.yaml
 
-# A sweep on Ray Tune: the demo's DPO beta over three values, SFT once, the variants side by side, one eval
-# table with a row per variant, then the ranking with intervals (pipelines/sweep_dpo_beta.yaml).
+# A sweep on Ray Tune: the demo's DPO learning rate over three values, SFT once, the variants side by side, one eval
+# table with a row per variant, then the ranking with intervals (pipelines/sweep_dpo_lr.yaml).
 .PHONY: sweep
 sweep: $(SETUP)
-	@$(OFFLINE) $(ALIGN) run pipelines/sweep_dpo_beta.yaml
+	@$(OFFLINE) $(ALIGN) run pipelines/sweep_dpo_lr.yaml
 
 clean:
 	rm -rf runs
