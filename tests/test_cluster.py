@@ -4,9 +4,9 @@ bundle per rank all at once: a 2-rank stage spreads over both nodes, a 1-rank st
 asked for the cluster's total and waited forever), a request no node holds fails within its `wait_s`,
 SIGTERM stops a run as Ctrl-C does (in the reservation's wait and mid-stage), a run with no `--address`
 joins the head running on this machine (and a stale pointer to a killed head is named, an embedded Ray
-used), two stages of one parent run at once, one on each node, and a node lost mid-stage is retried
-from its checkpoint on the nodes left when they hold the stage, and ends the stage in one line when they
-cannot. `make test-cluster`."""
+used), two stages of one parent run at once, one on each node (and so do a sweep's two variants, as Ray
+Tune trials), and a node lost mid-stage is retried from its checkpoint on the nodes left when they hold the
+stage, and ends the stage in one line when they cannot. `make test-cluster`."""
 
 from __future__ import annotations
 
@@ -226,6 +226,21 @@ def test_two_stages_of_one_parent_run_at_once_one_on_each_node(cluster, tmp_path
     left, right = stage_record(path, "left"), stage_record(path, "right")
     assert left["started"] < right["ended"] and right["started"] < left["ended"]
     assert len({*nodes_of(path, "left"), *nodes_of(path, "right")}) == 2  # a node each
+
+
+def test_a_sweeps_variants_run_at_once_one_on_each_node(cluster, tmp_path):
+    """Two variants as Ray Tune trials, each on its trial's placement group: one CPU a node, a node each."""
+    address, env, _ = cluster
+    stages = {"sft": stage("sft", steps=4, batch=2, data=DATA, lora={"r": 4})}
+    path = write_pipeline(tmp_path, "swept", stages, precision="fp32", seed=0)
+    sweep = {"parameters": {"stages.sft.lora.r": [4, 8]}, "metric": "sft/train_loss_last", "mode": "min"}
+    path.write_text(path.read_text() + "sweep: " + json.dumps(sweep) + "\n")  # JSON is YAML
+    done = align("run", str(path), "--address", address, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    four, eight = stage_record(path, "sft[r=4]"), stage_record(path, "sft[r=8]")
+    assert four["started"] < eight["ended"] and eight["started"] < four["ended"]
+    assert len({*nodes_of(path, "sft[r=4]"), *nodes_of(path, "sft[r=8]")}) == 2  # a node each
+    assert "sweep of sft: 2 variants by sft/train_loss_last" in done.stdout
 
 
 def test_a_request_no_node_holds_fails_within_its_wait(cluster, tmp_path):
