@@ -122,6 +122,32 @@ def test_a_stage_that_reads_the_swept_one_is_repeated_per_variant(tmp_path) -> N
     assert pipeline.stages["merge[beta=0.2]"].model == "${stages.dpo[beta=0.2].output}"
 
 
+def test_asha_hears_each_logged_step_once_however_far_apart_the_file_is_read() -> None:
+    """The progress file is read seconds apart: every step logged since the last read reaches Tune at its own
+    step, in order, once; the last step waits for the variant's end."""
+    from align.run.sweep import Reporter
+
+    class Heard(Reporter):
+        def send(self, result: dict) -> None:
+            heard.append({"step": self.step, **result})
+
+    heard: list[dict] = []
+    reporter = Heard("dpo")
+    recent = [{"step": step, "values": {"loss": 1.0 / step}} for step in range(1, 9)]
+    read = {"max_steps": 8, "step": 5, "recent": recent[:5]}
+    reporter.progress("dpo", read)
+    reporter.progress("dpo", read)  # read again before the next write: nothing new
+    reporter.progress("dpo", {**read, "step": 7, "recent": recent[:7]})
+    reporter.progress("dpo", {**read, "step": 8, "recent": recent})
+    losses = [(result["step"], result["loss"]) for result in heard if "loss" in result]
+    assert losses == [(step, 1.0 / step) for step in range(1, 8)]
+    assert [result["step"] for result in heard if "progress" in result] == [5, 7]
+
+    heard.clear()  # a stage so fast that the file is first read at its end: its steps reach Tune all the same
+    Heard("dpo").progress("dpo", {**read, "step": 8, "recent": recent})
+    assert [result["step"] for result in heard] == list(range(1, 8))
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_grid_runs_its_shared_stage_once_and_variants_side_by_side_then_skips_all(tmp_path) -> None:

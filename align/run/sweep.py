@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -225,6 +226,7 @@ def tune_variants(
         ),
     )
     found: dict[str, Any] = {}
+
     def fit() -> None:
         try:
             found["grid"] = tuner.fit()
@@ -483,19 +485,18 @@ class Reporter:
         self.send({"events": [line]})
 
     def progress(self, stage: str, entry: dict[str, Any]) -> None:
-        step = entry.get("step")
-        if (
-            step is None
-            or step == self.step
-            and stage == self.stage
-            or step >= (entry.get("max_steps") or 1e18)
-        ):
-            return  # the last step is reported with the variant's end: ASHA stops a trial at its last rung
-        self.step, self.stage = step, stage
-        logged = {
-            key: value for key, value in (entry.get("logged") or {}).items() if isinstance(value, float | int)
-        }
-        self.send({"stage": stage, "progress": json.dumps(entry), **logged})
+        """Each logged step not reported yet, at its own step and in order (the file is read seconds apart,
+        and ASHA reads the value logged at each rung), then the progress line. The last step is reported
+        with the variant's end: ASHA stops a trial at its last rung."""
+        step, last = entry.get("step"), entry.get("max_steps") or math.inf
+        since = self.step if stage == self.stage else -1
+        for logged in entry.get("recent") or ():
+            if since < logged["step"] < last:
+                self.step, self.stage = logged["step"], stage
+                self.send({"stage": stage, **logged["values"]})
+        if step is not None and since < step < last:
+            self.step, self.stage = step, stage
+            self.send({"stage": stage, "progress": json.dumps(entry)})
 
 
 @dataclass

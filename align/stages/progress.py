@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -16,6 +17,9 @@ from transformers import TrainerCallback
 from align.cache import write_atomically
 
 PROGRESS = "progress.json"
+RECENT_LOGS = 64
+"""Logged steps the file keeps, each with its values: the driver reads the file now and then, several steps
+apart on a fast stage, and a sweep's early stopping needs the value logged at each of its rungs."""
 SHOWN = ("loss", "reward", "rewards/mean", "eval_loss")
 """Logged values worth a place on the progress line, first found wins."""
 
@@ -68,7 +72,7 @@ class ProgressFile(TrainerCallback):
         self.started = time.time()
         self.written = 0.0
         self.last_value: tuple[str, float] | None = None
-        self.logged: dict[str, float] = {}  # every value logged so far, its latest: a sweep's ASHA reads them
+        self.recent: deque[dict] = deque(maxlen=RECENT_LOGS)  # a sweep's ASHA reads each logged step
         self.first_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -77,7 +81,9 @@ class ProgressFile(TrainerCallback):
         self.write(state, force=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logged.update({key: float(v) for key, v in (logs or {}).items() if isinstance(v, int | float)})
+        values = {key: float(v) for key, v in (logs or {}).items() if isinstance(v, int | float)}
+        if values:
+            self.recent.append({"step": state.global_step, "values": values})
         for key in SHOWN:
             if logs and isinstance(logs.get(key), int | float):
                 self.last_value = (key, float(logs[key]))
@@ -85,6 +91,9 @@ class ProgressFile(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.write(state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.write(state, force=True)  # the last steps, which a write a moment before left out
 
     def write(self, state, force: bool = False) -> None:
         if not state.is_world_process_zero or (not force and time.time() - self.written < 1.0):
@@ -97,6 +106,6 @@ class ProgressFile(TrainerCallback):
             "started": self.started,
             "time": self.written,
             "value": self.last_value,
-            "logged": self.logged,
+            "recent": list(self.recent),
         }
         write_atomically(self.path, with_notes(self.path, entry))
