@@ -213,6 +213,17 @@ def test_field_notes_stand_in_only_for_missing_docstrings() -> None:
     assert not stale, f"scripts/docs_field_notes.yaml: stale notes {stale}"
 
 
+def test_python_reference_renders_every_shipped_reward() -> None:
+    """The configuration reference links each shipped reward's entry on the Python page: a reward added
+    without one breaks the strict build."""
+    from align.rewards import SHIPPED
+
+    page = (ROOT / "docs" / "reference" / "python.md").read_text(encoding="utf-8")
+    rendered = set(re.findall(r"^::: align\.rewards\.(\w+)$", page, re.MULTILINE))
+    missing = [function.__name__ for function in SHIPPED.values() if function.__name__ not in rendered]
+    assert not missing, f"docs/reference/python.md: add '::: align.rewards.NAME' for {missing}"
+
+
 def test_cli_reference_lists_every_command_and_option() -> None:
     page = cli_page()
     commands = re.findall(r"^## `align ([\w-]+)`$", page, re.MULTILINE)
