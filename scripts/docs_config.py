@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from align.config.spec import KINDS, Pipeline, StageBase, TrainingStage
+from align.config.sweep import SweepSpec
 from align.data.loading import DATA_COLUMNS
 from align.pipeline.file import Header
 from scripts.docs_fields import (
@@ -155,7 +156,8 @@ def block_sections(start: list[Section]) -> list[Section]:
     skip = {StageBase, TrainingStage, *(kind.spec for kind in KINDS.values())}
     places: dict[type[BaseModel], dict[str, list[str]]] = {}
     queue = [
-        (s.owner, s.keys, s.path, s.anchor.removeprefix("kind-") if s in start[3:] else "") for s in start
+        (s.owner, s.keys, s.path, s.anchor.removeprefix("kind-") if s.anchor.startswith("kind-") else "")
+        for s in start
     ]
     while queue:
         owner, keys, path, kind = queue.pop(0)
@@ -199,8 +201,18 @@ def reference_sections() -> list[Section]:
         training_keys,
         "stages.NAME",
     )
+    sweep_row = ("sweep", link(SweepSpec) + " or null", "", "`null`", docstring(SweepSpec))
+    top.rows = [sweep_row if row[0] == "sweep" else row for row in top.rows]
+    sweep = section(
+        anchor(SweepSpec),
+        "`sweep`",
+        [docstring(SweepSpec), "At `sweep`. Guide: [sweeps](../sweeps.md)."],
+        SweepSpec,
+        list(SweepSpec.model_fields),
+        "sweep",
+    )
     kinds = kind_sections()
-    return [top, every, training, *kinds, *block_sections([top, every, training, *kinds])]
+    return [top, every, training, *kinds, sweep, *block_sections([top, every, training, *kinds, sweep])]
 
 
 def ppo_config_rows() -> list[tuple[str, str, str]]:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from align.cli import parser
 from align.config.spec import KINDS, Pipeline, StageBase, TrainingStage
+from align.config.sweep import SweepSpec
 from align.errors import AlignError
 from align.models.loading import BUILTIN_MODELS
 from align.pipeline.file import Header
@@ -140,7 +141,7 @@ def nested_models(annotation: typing.Any) -> list[type[BaseModel]]:
 
 def reachable() -> list[type[BaseModel]]:
     """Every pydantic class a pipeline file reaches: the top level, every kind, and the blocks they hold."""
-    queue, seen = [Pipeline, StageBase, TrainingStage, *(kind.spec for kind in KINDS.values())], []
+    queue, seen = [Pipeline, SweepSpec, StageBase, TrainingStage, *(kind.spec for kind in KINDS.values())], []
     while queue:
         model = queue.pop(0)
         if model not in seen:
