@@ -212,7 +212,7 @@ def parse(raw: dict[str, Any], source_dir: str | None = None) -> Pipeline:
     problems += backend_problems(header, stages)
     if header is None or problems:
         raise ConfigError(problems)
-    fields = header.model_dump(exclude={"stages"})
+    fields = header.model_dump(exclude={"stages", "sweep"})  # `load` reads the sweep on its own
     pipeline = Pipeline(**fields, stages=stages, source_dir=source_dir)
     edges, problems = cross_check(pipeline)
     if problems:
