@@ -186,3 +186,21 @@ def test_a_mixture_names_the_source_of_each_row(tmp_path, capsys):
     assert set(named) == {"first.jsonl", "second.jsonl"}
     for source, answer in re.findall(r"^row \d+ from (\S+):.*?\[\[answer (\d+)", out, flags=re.M | re.S):
         assert (int(answer) < 20) == (source == "first.jsonl")  # each row is named after the file it is in
+
+
+def test_a_reward_stage_is_told_its_long_pairs_are_dropped_not_emptied() -> None:
+    """TRL's reward trainer drops a pair longer than max_length whole: the stop says so, for that kind."""
+    from types import SimpleNamespace
+
+    from align.data.lengths import LengthReport
+    from align.stages.prepared import empty_rows_problem
+
+    report = LengthReport(
+        rows=152, p50=60, p95=111, longest=229, max_length=64, over=22, emptied=22, identical=0, keeps_all=230
+    )
+    data = SimpleNamespace(max_emptied_share=None)
+    for kind, told in (("reward", "TRL's reward trainer drops them"), ("sft", "keep no loss-bearing token")):
+        plan = SimpleNamespace(kind=kind, where=f"stages.{kind}", stage=SimpleNamespace(data=data))
+        problem = empty_rows_problem(plan, report)
+        assert problem.startswith(f"stages.{kind}: 22 of 152 rows (14.5%)") and told in problem, problem
+        assert "set trl.max_length: 230 to keep them" in problem

@@ -93,10 +93,14 @@ def empty_rows_problem(plan: Any, report: LengthReport | None) -> str | None:
     allowed = allowed_share(plan)
     if report is None or report.max_length is None or report.emptied_share <= allowed:
         return None
+    lost = (
+        f"are longer than trl.max_length {report.max_length:,}, and TRL's reward trainer drops them"
+        if plan.kind == "reward"
+        else f"keep no loss-bearing token at trl.max_length {report.max_length:,}"
+    )
     return (
         f"{plan.where}: {report.emptied:,} of {report.rows:,} rows "
-        f"({100 * report.emptied_share:.1f}%) keep no loss-bearing token at trl.max_length "
-        f"{report.max_length:,} (p95 length {report.p95:,}); set "
+        f"({100 * report.emptied_share:.1f}%) {lost} (p95 length {report.p95:,}); set "
         f"trl.max_length: {report.keeps_all:,} to keep them, or raise data.max_emptied_share "
         f"(now {allowed:g}) to train without them"
     )
