@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from align.config.spec import KINDS, Pipeline, StageBase, TrainingStage
-from align.config.sweep import SweepSpec
 from align.data.loading import DATA_COLUMNS
 from align.pipeline.file import Header
 from scripts.docs_fields import (
@@ -156,8 +155,7 @@ def block_sections(start: list[Section]) -> list[Section]:
     skip = {StageBase, TrainingStage, *(kind.spec for kind in KINDS.values())}
     places: dict[type[BaseModel], dict[str, list[str]]] = {}
     queue = [
-        (s.owner, s.keys, s.path, s.anchor.removeprefix("kind-") if s.anchor.startswith("kind-") else "")
-        for s in start
+        (s.owner, s.keys, s.path, s.anchor.removeprefix("kind-") if s in start[3:] else "") for s in start
     ]
     while queue:
         owner, keys, path, kind = queue.pop(0)
@@ -201,18 +199,13 @@ def reference_sections() -> list[Section]:
         training_keys,
         "stages.NAME",
     )
-    sweep_row = ("sweep", link(SweepSpec) + " or null", "", "`null`", docstring(SweepSpec))
-    top.rows = [sweep_row if row[0] == "sweep" else row for row in top.rows]
-    sweep = section(
-        anchor(SweepSpec),
-        "`sweep`",
-        [docstring(SweepSpec), "At `sweep`. Guide: [sweeps](../sweeps.md)."],
-        SweepSpec,
-        list(SweepSpec.model_fields),
-        "sweep",
-    )
+    # A key the Pipeline keeps as something of its own (excluded: `sweep`) is shown as the file has it
+    top.rows = [
+        rows(Header, [row[0]])[0] if Pipeline.model_fields[row[0]].exclude else row for row in top.rows
+    ]
     kinds = kind_sections()
-    return [top, every, training, *kinds, sweep, *block_sections([top, every, training, *kinds, sweep])]
+    as_written = replace(top, owner=Header)
+    return [top, every, training, *kinds, *block_sections([as_written, every, training, *kinds])]
 
 
 def ppo_config_rows() -> list[tuple[str, str, str]]:

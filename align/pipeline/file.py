@@ -56,9 +56,8 @@ class Header(Strict):
     chat_template: str | None = None
     defaults: Defaults = Defaults()
     stages: Annotated[dict[Annotated[str, Field(pattern=VARIANT_NAME)], Any], Field(min_length=1)]
+    # `load` takes `sweep` out of the file and checks it against the stages; here it is a key a file may have
     sweep: SweepSpec | None = None
-    """Variants of one stage, run on Ray Tune and compared (docs/sweeps.md). `load` takes it out of the file
-    and validates it against the stages; here it names `sweep` among the keys a file may have."""
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
