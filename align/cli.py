@@ -357,7 +357,7 @@ def parser() -> argparse.ArgumentParser:
     pipeline_command(
         "sweep-report",
         cmd_sweep_report,
-        "a sweep's variants ranked with 95% intervals, the best and whether the data separate it from the "
+        "a sweep's variants ranked with 95%% intervals, the best and whether the data separate it from the "
         "runner-up; writes sweep-report.md and its plot, and links the best's outputs as best/STAGE",
     )
     chat = commands.add_parser("chat", help="talk to a model, or a stage's output, streaming its replies")
