@@ -34,9 +34,11 @@ from align.data.shapes import Normalizer, RowProblem, describe
 from align.errors import DataError
 from align.fingerprint import digest
 
-SCAN_FORMAT = 3  # bump when the rules change: cached verdicts are then checked again
+SCAN_FORMAT = 4  # bump when the rules change: cached verdicts are then checked again
 EXAMPLES = 3  # places shown for each defect
 CONVERSATIONAL = ("prompt", "completion", "chosen", "rejected")  # each text, or a list of messages
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles chat templates render; any other is rendered as a name no model was trained on, or dropped."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,19 @@ def other_shape(shape: str, first: str, place: str) -> Issue:
     )
 
 
+def unknown_role(role: str) -> Issue:
+    fix = f"a message's role is one of {', '.join(ROLES)}: rename the others"
+    return Issue(f"has a message with role {role!r}", f"have messages with role {role!r}", fix)
+
+
+SAME_PAIR = Issue(
+    "has a 'chosen' equal to its 'rejected'",
+    "have a 'chosen' equal to their 'rejected'",
+    "a pair teaches the difference between two answers: fix or drop the pairs that have none",
+)
+"""Refused when it is most of the rows; a few are a note in `align plan` (`Scan.notes`)."""
+
+
 TOOL_CALL = Issue(
     "has a tool call with no function name",
     "have a tool call with no function name",
@@ -122,6 +137,8 @@ def is_tool_call(call: Any) -> bool:
 def conversation_issue(column: str, value: Any) -> Issue | None:
     if not isinstance(value, list) or not all(is_message(message) for message in value):
         return not_of(column, "a list of {role, content} messages")
+    if (role := next((m["role"] for m in value if m["role"] not in ROLES), None)) is not None:
+        return unknown_role(role)
     calls = [call for message in value for call in message.get("tool_calls") or ()]
     if not all(map(is_tool_call, calls)):
         return TOOL_CALL
@@ -138,6 +155,14 @@ def tools_issue(value: Any) -> Issue | None:
     if value is None or isinstance(value, list) and all(isinstance(tool, dict) for tool in value):
         return None
     return TOOLS
+
+
+def has_tools(row: dict[str, Any]) -> bool:
+    """Whether a row holds a tool turn or a tools schema: what must never carry loss."""
+    turns = [value for value in row.values() if isinstance(value, list)]
+    return bool(row.get("tools")) or any(
+        isinstance(message, dict) and message.get("role") == "tool" for turn in turns for message in turn
+    )
 
 
 def value_issue(column: str, value: Any) -> tuple[Issue | None, str | None]:
@@ -170,6 +195,7 @@ class Scan:
     kind: str
     unit: str = "line"
     rows: int = 0
+    tool_rows: int = 0  # rows with a tool turn or a tools schema (align/data/loss_scope.py)
     tallies: dict[Issue, Tally] = field(default_factory=dict)
     first_columns: list[str] | None = None
     columns: tuple[str, ...] | None = None
@@ -225,8 +251,11 @@ class Scan:
         found = [value_issue(column, row[column]) for column in self.columns or ()]
         found.append((tools_issue(row.get("tools")), None))
         issues = [issue for issue, _ in found if issue is not None]
+        if not issues and "rejected" in (self.columns or ()) and row["chosen"] == row["rejected"]:
+            issues.append(SAME_PAIR)
         for issue in issues:
             self.add(issue, place)
+        self.tool_rows += has_tools(row)
         shapes = {shape for _, shape in found if shape is not None}
         if issues or not shapes:
             return
@@ -238,9 +267,19 @@ class Scan:
         elif shape != self.shape:
             self.add(other_shape(shape + "s", self.shape + "s", self.shape_place), place)
 
+    def minor(self) -> dict[Issue, Tally]:
+        """The defects that do not stop a run: identical pairs, while they are at most half the rows."""
+        same = self.tallies.get(SAME_PAIR)
+        return {SAME_PAIR: same} if same is not None and 2 * same.count <= self.rows else {}
+
+    def notes(self, ref: str) -> list[str]:
+        """The minor defects in words, for `align plan`."""
+        return [f"{ref}: {self.tally_text(issue, tally)}" for issue, tally in self.minor().items()]
+
     def message(self, ref: str) -> str | None:
         """One message for the file: the defects, each with its count and first places, and the fixes."""
-        tallies = self.tallies
+        minor = self.minor()
+        tallies = {issue: tally for issue, tally in self.tallies.items() if issue not in minor}
         head = None
         if self.columns is None and self.first_columns is not None:  # no row fits: the columns are wrong
             head = column_problem(ref, self.first_columns, self.kind)
@@ -329,17 +368,28 @@ def cached_scan(path: Path, ref: str, kind: str, columns: dict[str, str] | None 
     return verdict(path, ref, kind, columns or {})["problem"]
 
 
-def scanned_rows(ref: str, kind: str, columns: dict[str, str]) -> int | None:
-    """How many rows a local file or folder has, as its scan counted them (cached since validate); None
-    where it cannot be read."""
+def scanned(ref: str, kind: str, columns: dict[str, str], key: str) -> Any:
+    """One figure of a local file's or folder's scan (cached since validate): its `rows`, `tool_rows`, or
+    `notes`; None where it is not a local file or cannot be read."""
+    if ref.startswith((HUB_PREFIX, BUILTIN_PREFIX)):
+        return None
     try:
-        return verdict(locate(ref), ref, kind, columns)["rows"]
+        return verdict(locate(ref), ref, kind, columns)[key]
     except DataError:
         return None
 
 
+def scanned_rows(ref: str, kind: str, columns: dict[str, str]) -> int | None:
+    """How many rows a local file or folder has, as its scan counted them; None where it cannot be read."""
+    return scanned(ref, kind, columns, "rows")
+
+
+VERDICT = ("problem", "rows", "tool_rows", "notes")
+
+
 def verdict(path: Path, ref: str, kind: str, renames: dict[str, str]) -> dict[str, Any]:
-    """{problem, rows} of a scan of this version of the file, from the cache or scanned now."""
+    """{problem, rows, tool_rows, notes} of a scan of this version of the file, from the cache or scanned
+    now."""
     try:
         files = identity(path)
         key = digest({"ref": ref, "kind": kind, "files": files, "format": SCAN_FORMAT, "columns": renames})
@@ -348,22 +398,28 @@ def verdict(path: Path, ref: str, kind: str, renames: dict[str, str]) -> dict[st
     entry = cache_root() / "data-checks" / f"{key}.json"
     try:
         found = json.loads(entry.read_text(encoding="utf-8"))
-        return {"problem": found["problem"], "rows": found["rows"]}
+        return {key: found[key] for key in VERDICT}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    problem, rows = scan(path, ref, kind, renames)
+    problem, found = scan(path, ref, kind, renames)
+    result = {
+        "problem": problem,
+        "rows": found.rows if found else None,
+        "tool_rows": found.tool_rows if found else None,
+        "notes": found.notes(ref) if found else [],
+    }
     try:
-        write_atomically(entry, json.dumps({"ref": ref, "kind": kind, "problem": problem, "rows": rows}))
+        write_atomically(entry, json.dumps({"ref": ref, "kind": kind, **result}))
     except OSError:
         pass  # a cache that cannot be written only makes the next validate slower
-    return {"problem": problem, "rows": rows}
+    return result
 
 
 def scan(
     path: Path, ref: str, kind: str, renames: dict[str, str] | None = None
-) -> tuple[str | None, int | None]:
+) -> tuple[str | None, Scan | None]:
     """Check every row of the file (or `datasets` folder) at `path` for a `kind` stage, after `renames`
-    (`data.columns`) and the conversion of a known shape: what is wrong (None: nothing), and its rows (None:
+    (`data.columns`) and the conversion of a known shape: what is wrong (None: nothing), and the scan (None:
     not all read). A file that cannot be opened raises; what its content gets wrong is the answer."""
     found = Scan(kind, normalize=Normalizer(renames))
     try:
@@ -384,7 +440,7 @@ def scan(
         return f"{ref} {error}" + (f". {before}" if before else ""), None
     except OSError as error:
         raise DataError(f"{ref} cannot be read: {error.strerror}") from None
-    return found.message(ref), found.rows
+    return found.message(ref), found
 
 
 @contextmanager
