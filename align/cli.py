@@ -257,6 +257,17 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_count(value: str) -> int:
+    """A count of one or more (`--rows`): argparse answers anything else as a usage error, exit 2."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a count of 1 or more (--all shows every row)")
+    return count
+
+
 def byte_count(value: str) -> int:
     """An argparse type: `100MB`, `1GiB`... (a bad value is a usage error naming the option, exit 2)."""
     from align.models.memory import parse_memory
@@ -296,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
         "data", cmd_data, "a stage's rows as its trainer sees them, loss-bearing tokens marked, and lengths"
     )
     data.add_argument("--stage", help="the stage whose rows to show (default: the first that reads rows)")
-    data.add_argument("--rows", type=int, default=3, help="how many rows to show (default 3)")
+    data.add_argument("--rows", type=positive_count, default=3, help="how many rows to show (default 3)")
     data.add_argument("--all", action="store_true", help="show every row")
     for name, handler, help_text in (
         ("plan", cmd_plan, "show stages, backends, placement and memory per rank"),

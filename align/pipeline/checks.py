@@ -11,6 +11,7 @@ from pathlib import Path
 
 from align.cache import is_dir
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
+from align.data.overlap import held_out_problems
 from align.data.scan import check_data, columns_problem, first_row, is_message
 from align.data.shapes import Normalizer
 from align.data.sources import data_refs, mixture_problems
@@ -53,7 +54,8 @@ def model_problems(pipeline: Pipeline) -> list[Problem]:
 
 def data_problems(pipeline: Pipeline) -> list[Problem]:
     """Each data source exists and every row of it fits its stage kind (align.data.scan); then, where each
-    does, the sources of a mixture can be mixed (align.data.sources)."""
+    does, the sources of a mixture can be mixed (align.data.sources) and no eval row is trained on
+    (align.data.overlap)."""
     problems = []
     for name, stage in pipeline.stages.items():
         if not isinstance(stage, TrainingStage):
@@ -64,7 +66,10 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
                 found.append(Problem(columns_path, message))
             elif (message := check_data(ref, kind, path, columns)) is not None:
                 found.append(Problem(path, message))
-        problems += found or mixture_problems(stage.data, kind, f"stages.{name}")
+        problems += found or [
+            *mixture_problems(stage.data, kind, f"stages.{name}"),
+            *held_out_problems(stage.data, f"stages.{name}"),
+        ]
     return problems
 
 
