@@ -256,3 +256,14 @@ def test_a_base_without_a_template_trains_with_chatml_and_its_outputs_chat_in_pl
         assert len(deltas) == 2 and any("lm_head" in key for key in deltas), list(deltas)
         assert all(delta.shape[0] == 2 and float(delta.abs().max()) > 0 for delta in deltas.values())
     assert stage_record(path, "merge")["metrics"]["merge_max_abs_logit_delta"] <= 1e-4
+
+
+def test_every_builtin_template_marks_assistant_turns_as_trl_reads_them() -> None:
+    """`align plan` reads the markers without TRL; its test and TRL's `has_generation_markers` agree."""
+    from trl.chat_template_utils import has_generation_markers
+
+    from align.models.chat_templates import BUILTIN, marks_assistant_turns
+
+    assert all(marks_assistant_turns(template.text) for template in BUILTIN.values())
+    for text in ("{% generation %}", "{%- generation -%}", "{%generation%}", "{{ generation }}", "plain"):
+        assert marks_assistant_turns(text) == has_generation_markers(text)

@@ -151,11 +151,12 @@ def test_a_stage_whose_cut_empties_rows_stops_before_training_and_records_the_co
     message = str(refused.value)
     emptied = preview(build(load(path), CPU), "sft", 0, False).report
     assert f"{emptied.emptied:,} of 60 rows" in message
-    assert f"set trl.max_length: {emptied.keeps_all:,}" in message
+    assert f"set trl.max_length: {max(emptied.keeps_all, emptied.keeps_answers):,}" in message
     assert not (tmp_path / "out" / "checkpoints").exists()  # stopped before the trainer was built
 
     (tmp_path / "kept").mkdir()
-    kept = sft_pipeline(tmp_path / "kept", tmp_path / "chat.jsonl", max_length=emptied.keeps_all)
+    whole = max(emptied.keeps_all, emptied.keeps_answers)
+    kept = sft_pipeline(tmp_path / "kept", tmp_path / "chat.jsonl", max_length=whole)
     _, result = run_in_process(kept, "sft", tmp_path / "kept" / "out", CPU)
     assert result.metrics["data_emptied"] == 0
     assert result.metrics["data_rows"] == 60 and result.metrics["data_longest"] == emptied.longest
@@ -193,7 +194,7 @@ def test_a_reward_stage_is_told_its_long_pairs_are_dropped_not_emptied() -> None
     from types import SimpleNamespace
 
     from align.data.lengths import LengthReport
-    from align.stages.prepared import empty_rows_problem
+    from align.stages.prepared import lost_rows_problem
 
     report = LengthReport(
         rows=152, p50=60, p95=111, longest=229, max_length=64, over=22, emptied=22, identical=0, keeps_all=230
@@ -201,6 +202,6 @@ def test_a_reward_stage_is_told_its_long_pairs_are_dropped_not_emptied() -> None
     data = SimpleNamespace(max_emptied_share=None)
     for kind, told in (("reward", "TRL's reward trainer drops them"), ("sft", "keep no loss-bearing token")):
         plan = SimpleNamespace(kind=kind, where=f"stages.{kind}", stage=SimpleNamespace(data=data))
-        problem = empty_rows_problem(plan, report)
-        assert problem.startswith(f"stages.{kind}: 22 of 152 rows (14.5%)") and told in problem, problem
-        assert "set trl.max_length: 230 to keep them" in problem
+        problem = lost_rows_problem(plan, report)
+        assert problem.startswith(f"stages.{kind}: at trl.max_length 64, 22 of 152 rows (14.5%)"), problem
+        assert told in problem and "set trl.max_length: 230 to keep them" in problem

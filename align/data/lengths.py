@@ -1,6 +1,7 @@
 """What `max_length` does to a stage's prepared rows, counted over the whole file: token lengths, the rows it
-cuts, the rows it leaves with no loss-bearing token (they train nothing), and preference pairs it leaves
-identical (no margin to learn).
+cuts, the rows it leaves with no loss-bearing token (they train nothing), the conversations whose last answer
+it cuts (they teach an answer that never ends, or ends elsewhere), and preference pairs it leaves identical
+(no margin to learn).
 
 The counts read the rows TRL prepared (tokenized, with labels or prompt/completion ids), prepared with no
 length limit, and apply the cut exactly as TRL does: SFT's `truncation_mode` slice of `input_ids` and
@@ -39,10 +40,17 @@ class LengthReport:
     emptied: int  # rows with no loss-bearing token left after the cut: they train nothing
     identical: int  # preference pairs whose chosen and rejected are the same after the cut
     keeps_all: int  # the smallest max_length that leaves every row a loss-bearing token
+    answers_cut: int = 0  # conversations that keep a loss-bearing token but lose part of their last answer
+    keeps_answers: int = 0  # the smallest max_length that keeps every last answer whole
 
     @property
-    def emptied_share(self) -> float:
-        return self.emptied / self.rows if self.rows else 0.0
+    def lost(self) -> int:
+        """The rows that teach nothing (emptied, identical pairs) or something else (a cut answer)."""
+        return self.emptied + self.answers_cut + self.identical
+
+    @property
+    def lost_share(self) -> float:
+        return self.lost / self.rows if self.rows else 0.0
 
     def metrics(self) -> dict[str, float]:
         """The figures a stage's record carries, under `data_`."""
@@ -60,6 +68,11 @@ class LengthReport:
             f"{self.emptied:,} ({share(self.emptied, self.rows)}) with no loss-bearing token"
             + (f": a max_length of {self.keeps_all:,} keeps one in each" if self.emptied else "")
         )
+        if self.answers_cut:
+            lines.append(
+                f"{self.answers_cut:,} ({share(self.answers_cut, self.rows)}) lose their last answer to the "
+                f"cut, wholly or in part: a max_length of {self.keeps_answers:,} keeps every answer whole"
+            )
         if self.identical:
             lines.append(
                 f"{self.identical:,} pairs ({share(self.identical, self.rows)}) are identical after the cut: "
@@ -91,8 +104,10 @@ def batches(table: Any, columns: list[str]) -> Iterator[Any]:
 
 
 def sft_batch(batch: Any, max_length: int | None, mode: str) -> dict[str, np.ndarray]:
-    """Per row: its length, the loss-bearing tokens left in the window the cut keeps, and the shortest
-    max_length that keeps one (reaching the first loss token with keep_start, the last with keep_end)."""
+    """Per row: its length, the loss-bearing tokens left in the window the cut keeps, the shortest
+    max_length that keeps one (reaching the first loss token with keep_start, the last with keep_end), and
+    whether the cut takes part of the last run of loss-bearing tokens (the last answer), with the shortest
+    max_length that keeps that run whole."""
     offsets, labels = offsets_and_values(batch.column("labels"))
     sizes = np.diff(offsets)
     bearing = labels != IGNORED
@@ -104,7 +119,18 @@ def sft_batch(batch: Any, max_length: int | None, mode: str) -> dict[str, np.nda
     reach = position + 1 if mode == "keep_start" else np.repeat(sizes, sizes) - position
     far = np.iinfo(np.int64).max
     needed = reduce_rows(np.minimum, np.where(bearing, reach, far), offsets, far)
-    return {"length": sizes, "kept": kept, "needed": np.where(needed == far, 0, needed)}
+    # the last answer: from the start of the last run of loss-bearing tokens to its last token
+    opens = bearing & ((position == 0) | ~np.concatenate([[False], bearing[:-1]]))
+    last = reduce_rows(np.maximum, np.where(bearing, position, -1), offsets, -1)
+    opened = reduce_rows(np.maximum, np.where(opens, position, -1), offsets, -1)
+    whole = last + 1 if mode == "keep_start" else np.where(opened >= 0, sizes - opened, 0)
+    return {
+        "length": sizes,
+        "kept": kept,
+        "needed": np.where(needed == far, 0, needed),
+        "answer_cut": (last >= 0) & (whole > limit),
+        "whole": np.where(last >= 0, whole, 0),
+    }
 
 
 def reduce_rows(ufunc: Any, values: np.ndarray, offsets: np.ndarray, empty: int) -> np.ndarray:
@@ -148,6 +174,12 @@ def identical_pairs(batch: Any, max_length: int | None) -> int:
     return same
 
 
+def has_answers(table: Any) -> bool:
+    """Whether SFT rows are conversations or prompt + completion (their last loss-bearing run is an answer
+    that must end), not plain text (whose cut is only a shorter text)."""
+    return bool({"messages", "completion"} & set(table.column_names))
+
+
 COLUMNS = {
     "sft": ["labels"],
     "dpo": ["prompt_ids", "chosen_ids", "rejected_ids"],
@@ -159,7 +191,8 @@ COLUMNS = {
 
 def length_report(table: Any, kind: str, max_length: int | None, mode: str = "keep_start") -> LengthReport:
     """The counts over a prepared Arrow `table` of a `kind` stage (a key of COLUMNS)."""
-    lengths, kept, needed, identical = [], [], [], 0
+    lengths, kept, needed, identical, answers_cut, keeps_answers = [], [], [], 0, 0, 0
+    answers = kind == "sft" and has_answers(table)
     for batch in batches(table, COLUMNS[kind]):
         found = (
             sft_batch(batch, max_length, mode) if kind == "sft" else completion_batch(batch, kind, max_length)
@@ -167,6 +200,9 @@ def length_report(table: Any, kind: str, max_length: int | None, mode: str = "ke
         lengths.append(found["length"])
         kept.append(found["kept"])
         needed.append(found["needed"])
+        if answers:  # an emptied row is counted as emptied, not here
+            answers_cut += int((found["answer_cut"] & (found["kept"] > 0)).sum())
+            keeps_answers = max(keeps_answers, int(found["whole"].max(initial=0)))
         if kind == "dpo":
             identical += identical_pairs(batch, max_length)
     length = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
@@ -183,6 +219,8 @@ def length_report(table: Any, kind: str, max_length: int | None, mode: str = "ke
         emptied=int((left == 0).sum()),
         identical=identical,
         keeps_all=int(keeps.max()) if len(keeps) else 0,
+        answers_cut=answers_cut,
+        keeps_answers=keeps_answers,
     )
 
 

@@ -56,7 +56,9 @@ def row_hashes(path: Path, columns: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def shared_rows(train: list[tuple[Path, dict[str, str]]], held: Path, columns: dict[str, str]) -> dict[str, Any]:
+def shared_rows(
+    train: list[tuple[Path, dict[str, str]]], held: Path, columns: dict[str, str]
+) -> dict[str, Any]:
     """{rows, places}: the eval file's distinct rows, and the places of those a train source holds too."""
     eval_rows = row_hashes(held, columns)
     shared: set[str] = set()
@@ -100,7 +102,9 @@ def held_out_problems(data: Any, where: str) -> list[Problem]:
     try:
         for path, source in sources:
             if path is not None and same_file(path, held):
-                same = "is the file" if path.resolve() == held.resolve() else "holds the same bytes as the file"
+                same = (
+                    "is the file" if path.resolve() == held.resolve() else "holds the same bytes as the file"
+                )
                 message = f"{data.eval} {same} data.train reads ({source.path}); {FIX}"
                 return [Problem(f"{where}.data.eval", message)]
         found = counted(train, held, data.columns)

@@ -379,6 +379,12 @@ def scanned(ref: str, kind: str, columns: dict[str, str], key: str) -> Any:
         return None
 
 
+def scan_notes(data: Any, kind: str) -> list[str]:
+    """What the scans of a stage's sources noted without refusing (a few identical pairs): `align plan`
+    shows it."""
+    return [note for src in data.sources for note in scanned(src.path, kind, src.columns, "notes") or ()]
+
+
 def scanned_rows(ref: str, kind: str, columns: dict[str, str]) -> int | None:
     """How many rows a local file or folder has, as its scan counted them; None where it cannot be read."""
     return scanned(ref, kind, columns, "rows")

@@ -17,19 +17,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from align.cache import exists, is_dir
+from align.cache import cache_root, exists, is_dir
 from align.models.tool_template import CHATML_TOOLS
 
 CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
-    "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 LLAMA3 = (
-    "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
-    "+ message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+"""TRL's `has_generation_markers` test, here so that `align plan` needs no TRL (tests/test_chat_templates.py
+holds the two to one answer)."""
 SPECIAL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]+\|>|<(?:start|end)_of_turn>")
 """What a special token looks like in a template file (ChatML's, Llama 3's, Phi's, Gemma's)."""
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
@@ -60,6 +69,20 @@ BUILTIN = {
     ),
 }
 """`chatml-tools` (align/models/tool_template.py) also renders tool calls, tool results and `tools`."""
+
+
+def marks_assistant_turns(text: str) -> bool:
+    """Whether a template marks assistant turns (`{% generation %}`), which TRL's `assistant_only_loss`
+    needs; every builtin does."""
+    return GENERATION.search(text) is not None
+
+
+def model_template(model: str) -> str | None:
+    """The chat template of a model folder, or of a builtin model once it is cached, read without loading
+    it; None where it has none or it is not here (a hub id)."""
+    cached = cache_root() / "models" / model
+    folder = cached if not Path(model).is_absolute() and is_dir(cached) else Path(model)
+    return folder_template(folder) if folder.is_absolute() and is_dir(folder) else None
 
 
 def folder_template(folder: Path) -> str | None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from align.config.spec import StageBase
+from align.config.spec import KINDS, StageBase
+from align.data.loss_scope import LossScope, first_training_row, row_format, sft_loss_scope, tool_rows
+from align.models.chat_templates import ChatTemplate, marks_assistant_turns, model_template
 
 DEFAULTS = {
     "dpo": {"loss_type": ["sigmoid"], "beta": 0.1},
@@ -90,3 +92,44 @@ def loss_words(stage: StageBase) -> str | None:
         named = {0.0: "forward KL(teacher || student)", 1.0: "reverse KL(student || teacher)"}
         return f"generalized JSD at beta {beta:g}: {named.get(beta, 'a mix of both KLs')}, on-policy"
     return None
+
+
+def stage_loss_scope(
+    stage: StageBase, template: ChatTemplate | None, model: str, row: dict[str, Any] | None = None
+) -> LossScope | None:
+    """What carries loss in an SFT stage's rows (align/data/loss_scope.py): under the stage's `template`,
+    else the chat template of its root `model` (None: not known before it is present); judged on `row`, by
+    default the first training row of its data. None for the other kinds, whose loss is on completions."""
+    if stage.kind != "sft":
+        return None
+    text = template.text if template is not None else model_template(model)
+    named = template.source if template is not None else f"of {model}"
+    markable = None if text is None else marks_assistant_turns(text)
+    row = first_training_row(stage.data) if row is None else row
+    return sft_loss_scope(
+        stage.trl, row_format(row), markable, tool_rows(stage.data, KINDS["sft"].data), named
+    )
+
+
+PAIRS = "the chosen and rejected completions (the prompt masked)"
+SAMPLED = "the completions it samples (the prompt masked)"
+CARRIES = {
+    "dpo": PAIRS,
+    "orpo": PAIRS,
+    "cpo": PAIRS,
+    "kto": "the completions (the prompt masked)",
+    "reward": "none by token: a score at the last token of each side",
+    "grpo": SAMPLED,
+    "rloo": SAMPLED,
+    "ppo": SAMPLED,
+    "distill": SAMPLED,
+}
+"""What carries loss in the kinds other than SFT."""
+
+
+def carries_loss(stage: StageBase, template: ChatTemplate | None, model: str) -> str | None:
+    """`align plan`'s line for a stage that trains: which tokens carry loss."""
+    scope = stage_loss_scope(stage, template, model)
+    if scope is not None:
+        return scope.words + (f"; refused: {scope.problem}" if scope.problem else "")
+    return CARRIES.get(stage.kind)

@@ -34,7 +34,7 @@ class Preview:
     rows: list[str]  # each row rendered, several lines each
     report: LengthReport | None
     total: int
-    problem: str | None = None  # the stage would stop here before training (too many rows emptied)
+    problem: str | None = None  # the stage would stop here before training (too many rows lost to the cut)
     marks: tuple[str, str] = MARKS[False]
 
 
@@ -96,7 +96,7 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
     from align.data.mixtures import stage_rows
     from align.stages.context import StageContext, explicit_prompt, stage_config, stage_tokenizer
     from align.stages.preamble import data_processes
-    from align.stages.prepared import counted_lengths, cut, empty_rows_problem, prepare
+    from align.stages.prepared import counted_lengths, cut, decided_loss, lost_rows_problem, prepare
 
     name = chosen_stage(plan, name)
     stage, note = with_inputs(plan, name)
@@ -106,8 +106,10 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
         found = stage_rows(stage.stage.data, stage.data_kind, stage.seed, stage.where)
         side = "left" if stage.kind in ("dpo", *PROMPT_KINDS) else "right"
         tokenizer = stage_tokenizer(ctx, padding_side=side)
+        scope = decided_loss(ctx, tokenizer, found.train)
+        loss = {"assistant_only_loss": scope.assistant_only} if scope is not None else {}
         # a large file is prepared in several processes, as the stage's rank prepares it
-        config = stage_config(ctx, data_processes(ctx, len(found.train)))
+        config = stage_config(ctx, {**data_processes(ctx, len(found.train)), **loss})
     train = explicit_prompt(found.train)
     if stage.kind == "kto":  # unpaired as the runner unpairs it: each pair is two rows
         from align.stages.kto import prompted, unpaired
@@ -122,17 +124,16 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
     report = counted_lengths(ctx, train, tokenizer, config)
     remember(lengths_path(plan.stages[name]), report)  # under the plan's own key, which `align plan` reads
     prepared = prepare(stage.kind, train, tokenizer, config)
-    if stage.kind == "sft" and "messages" in train.column_names and not config.assistant_only_loss:
-        notes.append(
-            "every token of each conversation carries loss, the user's turns (and any system turn the "
-            "template adds) too: set trl.assistant_only_loss: true to train on the assistant's turns only"
-        )
+    if scope is not None:
+        notes.append(f"loss: {scope.words}")
+    refused = f"{stage.where}.data.train: {scope.problem}" if scope is not None and scope.problem else None
     marks = MARKS[colour]
     rows = [
         render(stage.kind, label, prepared[i], tokenizer, cut(config), marks)
         for label, i in zip(labels, shown, strict=True)
     ]
-    return Preview(stage, notes, rows, report, len(train), empty_rows_problem(stage, report), marks)
+    problem = refused or lost_rows_problem(stage, report)
+    return Preview(stage, notes, rows, report, len(train), problem, marks)
 
 
 def decoded(tokenizer: Any, ids: list[int]) -> str:

@@ -18,7 +18,7 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.prepared import counted_lengths, refuse_empty_rows
+from align.stages.prepared import counted_lengths, loss_settings, refuse_lost_rows
 from align.stages.progress import note_phase
 from align.stages.samples import sample_prompts
 
@@ -57,7 +57,7 @@ class Preamble:
         a stage whose cut leaves too many of them nothing to learn stops here."""
         train = self.train if train is None else train
         lengths = counted_lengths(self.ctx, train, self.tokenizer, self.config)
-        refuse_empty_rows(self.ctx.plan, lengths)
+        refuse_lost_rows(self.ctx.plan, lengths)
         self.counts = lengths.metrics() if lengths is not None else {}
         model = self.load_model() if model is None else model
         return {
@@ -104,9 +104,12 @@ def preamble(
     note_phase(logs, "loading the data")
     train, evaluation = stage_data(ctx)
     note_phase(logs, f"preparing {len(train):,} training rows and the model")
-    overrides = {**data_processes(ctx, len(train)), **(overrides or {})}
+    tokenizer = stage_tokenizer(ctx, padding_side=padding_side)
+    overrides = {
+        **data_processes(ctx, len(train)),
+        **loss_settings(ctx, tokenizer, train),
+        **(overrides or {}),
+    }
     if eval_on_start:
         overrides = {"eval_on_start": evaluation is not None, **overrides}
-    return Preamble(
-        ctx, train, evaluation, stage_config(ctx, overrides), stage_tokenizer(ctx, padding_side=padding_side)
-    )
+    return Preamble(ctx, train, evaluation, stage_config(ctx, overrides), tokenizer)

@@ -14,12 +14,38 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from align.data.lengths import LengthReport, length_report, lengths_path, remember
+from align.data.lengths import LengthReport, length_report, lengths_path, remember, share
+from align.data.loss_scope import LossScope
 from align.errors import StageFailed
+from align.planning.losses import stage_loss_scope
 
 TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "kto": "KTOTrainer", "reward": "RewardTrainer"}
 """The kinds whose trainer prepares (tokenizes and masks) rows up front; the RL kinds render prompts as
 they generate."""
+
+
+def decided_loss(ctx: Any, tokenizer: Any, train: Any) -> LossScope | None:
+    """What carries loss in an SFT stage's rows, decided by align/planning/losses.py as `align plan` decides
+    it, under the template the stage's tokenizer now holds and on its first training row. None for the other
+    kinds."""
+    from align.models.chat_templates import ChatTemplate
+
+    plan = ctx.plan
+    text = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    named = plan.chat_template.source if plan.chat_template is not None else f"of {plan.model_source}"
+    template = ChatTemplate(named, text) if text is not None else None
+    return stage_loss_scope(plan.stage, template, plan.model_source, row=train[0] if len(train) else {})
+
+
+def loss_settings(ctx: Any, tokenizer: Any, train: Any) -> dict[str, Any]:
+    """TRL's `assistant_only_loss` as decided; the stage stops here, before the model loads, when tool rows
+    would carry loss."""
+    scope = decided_loss(ctx, tokenizer, train)
+    if scope is None:
+        return {}
+    if scope.problem is not None:
+        raise StageFailed(f"{ctx.plan.where}.data.train: {scope.problem}")
+    return {"assistant_only_loss": scope.assistant_only}
 
 
 def trainer_view(kind: str, tokenizer: Any, config: Any, sample: dict[str, Any]) -> Any:
@@ -66,8 +92,8 @@ def report_of(kind: str, prepared: Any, config: Any) -> LengthReport:
 
 
 EMPTIED_SHARE = 0.01
-"""The share of rows a stage may lose to the cut (every loss-bearing token) unless `data.max_emptied_share`
-says otherwise."""
+"""The share of rows a stage may lose to the cut unless `data.max_emptied_share` says otherwise: rows left
+with no loss-bearing token, conversations whose last answer is cut, pairs left identical."""
 
 
 def counted_lengths(ctx: Any, train: Any, tokenizer: Any, config: Any) -> LengthReport | None:
@@ -87,26 +113,45 @@ def allowed_share(plan: Any) -> float:
     return EMPTIED_SHARE if own is None else own
 
 
-def empty_rows_problem(plan: Any, report: LengthReport | None) -> str | None:
-    """What is wrong when more than the allowed share of the rows lose every loss-bearing token to the cut:
-    they would count as rows and train nothing. None when it is within the share."""
+def lost_parts(kind: str, report: LengthReport) -> list[str]:
+    """Each way the cut loses rows, counted with its own share, in words."""
+    rows, parts = report.rows, []
+    if report.emptied:
+        lost = (
+            "are longer than it, and TRL's reward trainer drops them"
+            if kind == "reward"
+            else "keep no loss-bearing token"
+        )
+        parts.append(f"{report.emptied:,} of {rows:,} rows ({share(report.emptied, rows)}) {lost}")
+    if report.answers_cut:
+        parts.append(
+            f"{report.answers_cut:,} of {rows:,} rows ({share(report.answers_cut, rows)}) lose their last "
+            "answer, wholly or in part"
+        )
+    if report.identical:
+        parts.append(
+            f"{report.identical:,} of {rows:,} pairs ({share(report.identical, rows)}) are identical after it"
+        )
+    return parts
+
+
+def lost_rows_problem(plan: Any, report: LengthReport | None) -> str | None:
+    """What is wrong when more than the allowed share of the rows teach nothing or something else at the
+    cut: they would count as rows and train nothing, or an answer that never ends. None within the share."""
     allowed = allowed_share(plan)
-    if report is None or report.max_length is None or report.emptied_share <= allowed:
+    if report is None or report.max_length is None or report.lost_share <= allowed:
         return None
-    lost = (
-        f"are longer than trl.max_length {report.max_length:,}, and TRL's reward trainer drops them"
-        if plan.kind == "reward"
-        else f"keep no loss-bearing token at trl.max_length {report.max_length:,}"
-    )
+    keeps = max(report.keeps_all, report.keeps_answers) if report.answers_cut else report.keeps_all
+    keeps = report.longest if report.identical else keeps
     return (
-        f"{plan.where}: {report.emptied:,} of {report.rows:,} rows "
-        f"({100 * report.emptied_share:.1f}%) {lost} (p95 length {report.p95:,}); set "
-        f"trl.max_length: {report.keeps_all:,} to keep them, or raise data.max_emptied_share "
-        f"(now {allowed:g}) to train without them"
+        f"{plan.where}: at trl.max_length {report.max_length:,}, {'; '.join(lost_parts(plan.kind, report))}: "
+        f"{report.lost:,} rows ({share(report.lost, report.rows)}) in all, above data.max_emptied_share "
+        f"{allowed:g} (p95 length {report.p95:,}); set trl.max_length: {keeps:,} to keep them, or drop those "
+        "rows, or raise data.max_emptied_share to train without them"
     )
 
 
-def refuse_empty_rows(plan: Any, report: LengthReport | None) -> None:
-    """Stop before the model loads when the cut leaves too many rows nothing to learn."""
-    if (problem := empty_rows_problem(plan, report)) is not None:
+def refuse_lost_rows(plan: Any, report: LengthReport | None) -> None:
+    """Stop before the model loads when the cut leaves too many rows nothing, or something else, to learn."""
+    if (problem := lost_rows_problem(plan, report)) is not None:
         raise StageFailed(problem)
