@@ -24,16 +24,7 @@ from typing import Any
 from align.cache import cache_root, exists, is_dir, user_path
 from align.data.building import DELIMITERS, arrow_builder, build_apart
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
-from align.data.hub import (
-    HUB_FORM,
-    HUB_PREFIX,
-    hub_rows,
-    local_copy,
-    offline,
-    parse_hub_ref,
-    resolved,
-    unreached,
-)
+from align.data.hub import HUB_FORM, HUB_PREFIX, hub_rows, local_copy, parse_hub_ref, resolved
 from align.data.mapped_pages import release_pages_on_open
 from align.data.rows import row_source
 from align.data.shapes import Normalizer, RowProblem, detect, suggest_columns
@@ -173,14 +164,14 @@ def data_identity(ref: str, field: str) -> str:
 
 def hub_problem(ref: str, kind: str, columns: dict[str, str]) -> str | None:
     """What can be said of a hub ref without asking the hub: its form, and, where a copy is cached here, its
-    split and columns (after `columns`' renames). An uncached one is refused while the hub is off (no stage
-    could load it); with the hub on, it is left to the stage, which downloads it."""
+    split and columns (after `columns`' renames). An uncached one may be there where the pipeline runs:
+    `absent_hub_data` names it."""
     try:
         copy = local_copy(hub := parse_hub_ref(ref))
     except DataError as error:
         return str(error)
     if copy is None:
-        return unreached(hub) if offline() else None
+        return None
     if hub.split not in copy.splits:
         return f"{ref} has no split {hub.split!r} in its cached copy; it has: {', '.join(copy.splits)}"
     return column_problem(ref, [columns.get(name, name) for name in copy.features], kind)

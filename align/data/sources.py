@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from align.data.corpora import BUILTIN_PREFIX, builtin_path
-from align.data.hub import HUB_PREFIX, local_copy, parse_hub_ref
+from align.data.hub import HUB_PREFIX, HubRef, local_copy, offline, parse_hub_ref, unreached
 from align.data.loading import DATA_COLUMNS, HELD_OUT_MIN_TRAIN, HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.data.scan import first_row, scanned_rows
 from align.data.shapes import Normalizer, RowProblem, describe
@@ -57,6 +57,28 @@ def source_rows(path: str, kind: str, columns: dict[str, str]) -> int | None:
     except DataError:
         return None
     return None if copy is None else copy.splits.get(hub.split)
+
+
+def absent_hub_data(stages: dict[str, Any]) -> list[Problem]:
+    """Each hub dataset the stages read that this machine cannot load: not in the local cache while the hub
+    is off. `align data` and a run here refuse it; `validate` and `plan` name it (it may be there where the
+    pipeline runs), as they name an absent hub model."""
+    found = []
+    for name, stage in stages.items():
+        data = getattr(stage, "data", None)
+        for path, ref, _columns, _at in data_refs(data, f"stages.{name}") if hasattr(data, "sources") else ():
+            if ref.startswith(HUB_PREFIX) and offline() and (hub := cached_ref(ref)) is not None:
+                found.append(Problem(path, unreached(hub)))
+    return found
+
+
+def cached_ref(ref: str) -> HubRef | None:
+    """The parsed ref when no copy of it is cached here (None when one is, or it does not parse)."""
+    try:
+        hub = parse_hub_ref(ref)
+    except DataError:
+        return None  # the scan names a ref of the wrong form
+    return hub if local_copy(hub) is None else None
 
 
 def data_refs(data: Any, where: str) -> list[tuple[str, str, dict[str, str], str]]:
