@@ -6,6 +6,7 @@ Kept free of torch so that `align validate` stays quick.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -71,3 +72,15 @@ def is_dir(path: Path) -> bool:
 def exists(path: Path) -> bool:
     """`Path.exists` that answers False, not raises, for names the OS refuses."""
     return os.path.exists(path)
+
+
+def link_loop(path: Path) -> bool:
+    """Whether `path` is a symbolic link that leads back to itself, which `exists` answers as missing: the
+    user then looks for a file that is there, as a link."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    except ValueError:  # a name with a NUL byte
+        return False
+    return False

@@ -25,8 +25,19 @@ def build_plan(args: argparse.Namespace):
     from align.planning.plan import build
 
     pipeline = load(args.file, getattr(args, "set", None) or [])
+    if pipeline.absent and loads_models_here(args):
+        raise ConfigError(list(pipeline.absent), source=args.file)
+    for warning in [*pipeline.warnings, *pipeline.absent]:
+        print(f"warning: {warning}", file=sys.stderr)
     memory = getattr(args, "device_memory", None) or pipeline.defaults.device_memory
     return build(pipeline, Hardware.detect(memory, planning=args.handler is cmd_plan))
+
+
+def loads_models_here(args: argparse.Namespace) -> bool:
+    """Whether the command loads the pipeline's models on this machine: `align data` (tokenizers), and a run
+    on this machine's Ray. A hub model it cannot load is refused then; elsewhere it is a warning."""
+    local_run = args.handler is cmd_run and not (args.address or os.environ.get("RAY_ADDRESS"))
+    return args.handler is cmd_data or local_run
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

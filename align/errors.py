@@ -26,12 +26,19 @@ class AlignError(Exception):
 class ConfigError(AlignError):
     """Every problem found in a pipeline file, reported together."""
 
-    def __init__(self, problems: list[Problem], source: str = "") -> None:
+    def __init__(self, problems: list[Problem], source: str = "", waiting: tuple[str, ...] = ()) -> None:
+        """`waiting`: the checks not run because they need a part with a problem, each in a few words
+        ("stages.dpo's models, data and rewards"): counted in one last line, so nothing is silently left
+        unchecked."""
         self.problems = problems
         self.source = source
+        self.waiting = waiting
         header = f"{source}: " if source else ""
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
         lines = "\n".join(f"  - {p}" for p in problems)
+        if waiting:
+            checks = "check waits" if len(waiting) == 1 else "checks wait"
+            lines += f"\n  {len(waiting)} more {checks} on these: {'; '.join(waiting)}"
         super().__init__(f"{header}{count} in the pipeline file:\n{lines}")
 
 

@@ -25,6 +25,7 @@ from align.config.eval_settings import EvalDataSpec, GenerationSpec, LmEvalSpec
 from align.config.placement import ReferenceSpec
 from align.config.strict import Strict
 from align.config.teacher import TeacherSpec
+from align.errors import Problem
 from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -343,6 +344,11 @@ class Pipeline(Strict):
     """The pipeline file's folder: its relative paths were read from there (align.pipeline.file)."""
     sweep: Any = Field(default=None, exclude=True)
     """The file's `sweep:` validated, with what expanding it needs (align.pipeline.sweep.Sweep), or None."""
+    warnings: tuple[Problem, ...] = Field(default=(), exclude=True)
+    """Values legal but almost surely a mistake (a learning rate above 1): said in a line each, not refused"""
+    absent: tuple[Problem, ...] = Field(default=(), exclude=True)
+    """Hub models this machine cannot load (the hub off and the id not in its cache): `validate` and `plan`
+    say so, `align data` and a run on this machine refuse them before anything starts."""
 
     def stage_model(self, name: str) -> str:
         """The model a stage starts from: its own `model:` or the pipeline's base model."""

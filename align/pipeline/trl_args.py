@@ -23,6 +23,7 @@ from typing import Any
 
 from align.cache import cache_root, write_atomically
 from align.config.spec import KINDS
+from align.config.strict import takes_a_number
 from align.config.validation import suggestion
 from align.errors import Problem
 from align.fingerprint import digest
@@ -37,7 +38,30 @@ PLAN_SETTINGS = (
     "precompute_ref_log_probs",
 )
 """The config values the plan reads (memory, placement): cached with each check's verdict."""
-CHECK_FORMAT = 2  # bump when what a cached check holds changes
+CHECK_FORMAT = 3  # bump when what a cached check holds changes
+FLOORS: dict[str, tuple[float, str]] = {
+    "per_device_train_batch_size": (1, "each device needs at least one row a step"),
+    "per_device_eval_batch_size": (1, "each device needs at least one row a step"),
+    "gradient_accumulation_steps": (1, "a step adds up at least one batch"),
+    "num_generations": (
+        2,
+        "each completion is scored against the others of its prompt's group, so a group needs at least 2",
+    ),
+    "max_length": (
+        8,
+        "a chat template's own tokens around one turn take about that many, so no row would keep an answer",
+    ),
+    "max_prompt_length": (1, "a prompt needs at least one token"),
+    "max_completion_length": (1, "a completion needs at least one token"),
+}
+"""The least value of a `trl:` setting that can train, and why; TRL itself accepts less (0 generations ends
+in a division by zero in the worker, 0 accumulation steps trains nothing)."""
+MAX_STEPS = 10**9
+"""More steps than any run takes: 10^9 steps at 10 a second is over three years."""
+WARN_ABOVE: dict[str, tuple[float, str]] = {
+    "learning_rate": (1, "training almost surely diverges; fine-tuning uses about 1e-6 to 1e-4"),
+}
+"""Values legal but almost surely a mistake: validate says so in a warning line and goes on."""
 OWNED_BY_ALIGN = {
     "output_dir": "outputs go to <output_root>/<pipeline>/<stage>; set defaults.output_root",
     "seed": "set defaults.seed",
@@ -111,10 +135,17 @@ def trl_setting(kind: str, block: dict[str, Any], key: str) -> Any:
 
 def trl_problems(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
     """Every problem with a `trl:` block, each under `path`: unknown keys, keys align owns, wrong types,
-    and TRL's own `__post_init__` checks."""
+    values that cannot train, and TRL's own `__post_init__` checks."""
     if KINDS[kind].config is None:
         return [Problem(path, f"a {kind} stage takes no trl: block")] if block else []
     return [Problem(f"{path}{key}", message) for key, message in checked(kind, block)["problems"]]
+
+
+def trl_warnings(kind: str, block: dict[str, Any], path: str) -> list[Problem]:
+    """The values of a valid `trl:` block that are legal but almost surely a mistake (`WARN_ABOVE`)."""
+    if KINDS[kind].config is None or not block:
+        return []
+    return [Problem(f"{path}{key}", message) for key, message in checked(kind, block)["warnings"]]
 
 
 def checked(kind: str, block: dict[str, Any]) -> dict[str, Any]:
@@ -136,14 +167,19 @@ def check_block(kind: str, block: dict[str, Any]) -> dict[str, Any]:
     """Problems as (`.key` or "", message), and the plan's settings from the config TRL built."""
     problems = field_problems(kind, block)
     if problems:
-        return {"problems": problems, "settings": {}}
+        return {"problems": problems, "settings": {}, "warnings": []}
     try:
         with warnings.catch_warnings():  # deprecation notices belong to training time, not to validate
             warnings.simplefilter("ignore")
             config = build_config(kind, block, output_dir=tempfile.gettempdir(), precision="fp32", seed=0)
     except Exception as err:  # noqa: BLE001 - TRL raises ValueError/TypeError/etc. from __post_init__
-        return {"problems": [("", f"{config_class(kind).__name__} rejected it: {err}")], "settings": {}}
-    return {"problems": [], "settings": {key: getattr(config, key, None) for key in PLAN_SETTINGS}}
+        problem = ("", f"{config_class(kind).__name__} rejected it: {err}")
+        return {"problems": [problem], "settings": {}, "warnings": []}
+    return {
+        "problems": [],
+        "settings": {key: getattr(config, key, None) for key in PLAN_SETTINGS},
+        "warnings": [(f".{key}", message) for key, message in value_warnings(coerce(kind, block))],
+    }
 
 
 def field_problems(kind: str, block: dict[str, Any]) -> list[tuple[str, str]]:
@@ -162,9 +198,39 @@ def field_problems(kind: str, block: dict[str, Any]) -> list[tuple[str, str]]:
                 f"see {cls.__module__.split('.')[0]}'s {cls.__name__} for the fields it takes"
             )
             problems.append((where, message))
-        elif (message := check_value(fields[key], value)[1]) is not None:
+        elif (message := value_problem(key, fields[key], value)) is not None:
             problems.append((where, message))
     return problems
+
+
+def value_problem(key: str, annotation: Any, value: Any) -> str | None:
+    """Why a value cannot be the field's: the wrong type, a YAML boolean for a number (pydantic would take
+    `yes` as 1), or a number no run can train with (`FLOORS`, `MAX_STEPS`)."""
+    if isinstance(value, bool) and takes_a_number(annotation):
+        return f"a number is needed here, not the YAML boolean {str(value).lower()}"
+    converted, message = check_value(annotation, value)
+    if message is not None or not isinstance(converted, int | float):
+        return message
+    if key in FLOORS and converted < FLOORS[key][0]:
+        least, why = FLOORS[key]
+        return f"{value!r} is below {least:g}: {why}"
+    if key == "learning_rate" and converted <= 0:
+        return f"{value!r} trains nothing (0) or climbs the loss (below 0): give a positive rate, e.g. 1e-5"
+    if key == "max_steps" and converted > MAX_STEPS:
+        return (
+            f"{value!r} steps is more than any run takes ({MAX_STEPS:.0e} steps at 10 a second is over three "
+            "years): give the steps you mean, or -1 to train for num_train_epochs"
+        )
+    return None
+
+
+def value_warnings(block: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for each value above its `WARN_ABOVE` limit."""
+    return [
+        (key, f"{block[key]:g} is above {limit:g}: {why}")
+        for key, (limit, why) in WARN_ABOVE.items()
+        if isinstance(block.get(key), int | float) and block[key] > limit
+    ]
 
 
 def build_config(
