@@ -145,3 +145,34 @@ def find_all(text: str, needle: str) -> list[int]:
         found.append(at)
         at = text.find(needle, at + 1)
     return found
+
+
+def test_a_mixture_that_leaves_most_rows_unused_says_so_at_plan_and_counts_them_at_the_start(
+    tmp_path: Path,
+) -> None:
+    """Sources of 300, 100 and 3 rows at weights 0.5/0.3/0.2 until the first runs out: a few rows train."""
+    from align.data.mixtures import stage_rows
+    from align.pipeline.file import load
+    from align.planning.plan import build
+    from align.report.console import format_plan
+
+    sources = []
+    for name, count, weight in (("big", 300, 0.5), ("mid", 100, 0.3), ("small", 3, 0.2)):
+        turns = [
+            [{"role": "user", "content": f"{name} {i}"}, {"role": "assistant", "content": "ok"}]
+            for i in range(count)
+        ]
+        data = write_rows(tmp_path / f"{name}.jsonl", [{"messages": messages} for messages in turns])
+        sources.append({"path": data, "weight": weight})
+    stage = {"kind": "sft", "data": {"train": sources}, "trl": {**QUIET_TRL}}
+    plan = build(load(write_pipeline(tmp_path, "mix", {"s": stage})), CPU)
+    said = format_plan(plan)
+    assert "the mixture uses about 15 of its 383 rows and leaves 368 unused" in said, said
+    assert "small.jsonl 3 of 3" in said and "`mix: all_exhausted`" in said and "`rows:`" in said
+
+    found = stage_rows(plan.stages["s"].stage.data, "sft", 0, "stages.s")
+    used = sum(found.mixed.values())
+    assert found.offered == {"big.jsonl": 285, "mid.jsonl": 95, "small.jsonl": 3}
+    assert used == len(found.train) < 383 / 2 and found.mixed["small.jsonl"] == 3
+    assert found.unused_note().startswith(f"the mixture uses {used} of its 383 rows")
+    assert found.mixture_counts()["data_mix_used[small.jsonl]"] == 3.0

@@ -18,11 +18,12 @@ so `StageRows.sources` says where each training row came from and no column of i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from align.data.loading import NO_EVAL, load_data
-from align.data.sources import DEFAULT_MIX, held_out_size, source_names
+from align.data.sources import DEFAULT_MIX, held_out_size, source_names, unused_words
 from align.errors import DataError
 
 
@@ -34,6 +35,24 @@ class StageRows:
     train: Any
     held_out: Any
     sources: list[str]
+    offered: dict[str, int] = field(default_factory=dict)
+    """A mixture's sources and the rows each could train on; `mixed` is how many of them the mix took."""
+    mixed: dict[str, int] = field(default_factory=dict)
+
+    def mixture_counts(self) -> dict[str, float]:
+        """What the stage's record keeps of a mixture: the rows each source offered and the mix used."""
+        counts = {f"data_mix_offered[{name}]": float(rows) for name, rows in self.offered.items()}
+        counts |= {f"data_mix_used[{name}]": float(self.mixed.get(name, 0)) for name in self.offered}
+        return counts
+
+    def unused_note(self) -> str | None:
+        """A mixture that leaves more than half its rows unused, in words with the settings that use them."""
+        offered, used = sum(self.offered.values()), sum(self.mixed.values())
+        if not offered or 2 * (offered - used) <= offered:
+            return None
+        return unused_words(
+            offered, used, [(n, self.mixed.get(n, 0), rows) for n, rows in self.offered.items()]
+        )
 
 
 def stage_rows(data: Any, kind: str, seed: int, where: str) -> StageRows:
@@ -55,6 +74,9 @@ def stage_rows(data: Any, kind: str, seed: int, where: str) -> StageRows:
             rows = drawn(rows, source.rows, seed, index, f"{where}.data.train[{index}].rows")
         parts.append(rows)
     train, order = mixed(parts, sources, names, seed, data.mix or DEFAULT_MIX, where)
+    offered = {name: len(rows) for name, rows in zip(names, parts, strict=True)} if data.is_mixture else {}
+    taken = Counter(order)
+    used = {name: taken[index] for index, name in enumerate(names)} if data.is_mixture else {}
     if data.is_mixture and data.max_train_rows and data.max_train_rows < len(train):
         train, order = train.select(range(data.max_train_rows)), order[: data.max_train_rows]
     if own_held_out:
@@ -66,7 +88,7 @@ def stage_rows(data: Any, kind: str, seed: int, where: str) -> StageRows:
         held_out = load_data(data.eval, kind, f"{where}.data.eval", data.columns)
     if held_out is not None and data.max_eval_rows:  # an eval split's, or the slice's (still not trained)
         held_out = held_out.select(range(min(data.max_eval_rows, len(held_out))))
-    return StageRows(train, held_out, [names[index] for index in order])
+    return StageRows(train, held_out, [names[index] for index in order], offered, used)
 
 
 def held_out_slice(train: Any, seed: int) -> tuple[Any, Any]:

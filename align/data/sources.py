@@ -223,6 +223,8 @@ def plan_lines(data: Any, kind: str) -> list[str]:
         known = None if None in counts else sum(counts)
         shares = [count / known if known else None for count in counts]
     lines = [mix_line(data, key, shares, counts)]
+    if key == "weight" and (data.mix or DEFAULT_MIX) == DEFAULT_MIX and None not in counts:
+        lines += [f"  {note}" for note in [unused_estimate(data, shares, counts, names)] if note]
     for index, (source, name, count, share) in enumerate(zip(sources, names, counts, shares, strict=True)):
         rows = f"{count:,} rows" if count is not None else "rows known once it loads (not cached here)"
         given = f"weight {source.weight:g}, " if key == "weight" else ""
@@ -231,6 +233,34 @@ def plan_lines(data: Any, kind: str) -> list[str]:
         shape = None if source.path.startswith(HUB_PREFIX) else conversion(source.path, source.columns)
         lines.append(f"  train[{index}] {name}: {rows}; {share_text}" + (f"; {shape}" if shape else ""))
     return lines
+
+
+def trainable_rows(data: Any, counts: list[int]) -> list[int]:
+    """Each source's rows less its held-out slice (taken when no eval split is given)."""
+    return [rows - (held_out_size(rows) if data.eval is None else 0) for rows in counts]
+
+
+def unused_estimate(data: Any, shares: list[float], counts: list[int], names: list[str]) -> str | None:
+    """Where mixing until the first source runs out leaves more than half the rows unused: about how many,
+    per source, and the settings that use them (the run counts them exactly, align/data/mixtures.py)."""
+    trainable = trainable_rows(data, counts)
+    total = min(rows / share for rows, share in zip(trainable, shares, strict=True))
+    used = [min(rows, round(total * share)) for rows, share in zip(trainable, shares, strict=True)]
+    if 2 * (sum(trainable) - sum(used)) <= sum(trainable):
+        return None
+    sources = list(zip(names, used, trainable, strict=True))
+    return unused_words(sum(trainable), sum(used), sources, "about ")
+
+
+def unused_words(offered: int, used: int, sources: list[tuple[str, int, int]], about: str = "") -> str:
+    """How many of a mixture's rows it leaves unused, per source (name, used, offered), and what uses them."""
+    each = ", ".join(f"{name} {taken:,} of {rows:,}" for name, taken, rows in sources)
+    return (
+        f"the mixture uses {about}{used:,} of its {offered:,} rows and leaves {offered - used:,} unused "
+        f"({each}): "
+        "`mix: all_exhausted` mixes until every source is used (the smaller ones repeat), or `rows:` on each "
+        "source draws the counts you choose"
+    )
 
 
 def mix_line(data: Any, key: str | None, shares: list[float | None], counts: list[int | None]) -> str:
@@ -245,7 +275,7 @@ def mix_line(data: Any, key: str | None, shares: list[float | None], counts: lis
     )
     line = f"data: {count} sources, mixed at their weights until {until} (mix: {strategy})"
     if None not in counts:
-        trainable = [rows - (held_out_size(rows) if data.eval is None else 0) for rows in counts]
+        trainable = trainable_rows(data, counts)
         runs = [rows / share for rows, share in zip(trainable, shares, strict=True)]
         line += f": about {round(min(runs) if strategy == DEFAULT_MIX else max(runs)):,} rows"
     return line

@@ -14,7 +14,7 @@ import torch
 
 from align.backends import BACKENDS, Backend
 from align.config.secrets import is_secret_name
-from align.data.mixtures import stage_rows
+from align.data.mixtures import StageRows, stage_rows
 from align.errors import StageFailed
 from align.models.architectures import LoraTargets
 from align.models.chat_templates import apply as apply_template
@@ -220,14 +220,18 @@ def token_rows_by_module(model: Any, rows: list[int]) -> list[int] | dict[str, l
     return {names[embeddings]: rows, names[head]: rows}
 
 
-def stage_data(ctx: StageContext) -> tuple[Any, Any]:
+def loaded_rows(ctx: StageContext) -> StageRows:
+    return stage_rows(ctx.plan.stage.data, ctx.plan.data_kind, ctx.plan.seed, ctx.plan.where)
+
+
+def stage_data(ctx: StageContext, rows: StageRows | None = None) -> tuple[Any, Any]:
     """Train and held-out datasets of the plan's data kind, trimmed to the row limits the stage sets, from
     its one source or its mixture (align/data/mixtures.py: `stage_rows` also names each row's source).
 
     Without an eval split, a deterministic slice of each source's rows (5%, at most 64) is held out of
     training and measured instead: numbers called held out never come from rows trained on. `eval: none`
-    turns the held-out measurement off."""
-    rows = stage_rows(ctx.plan.stage.data, ctx.plan.data_kind, ctx.plan.seed, ctx.plan.where)
+    turns the held-out measurement off. `rows`: the stage's rows when already loaded (`loaded_rows`)."""
+    rows = rows or loaded_rows(ctx)
     return explicit_prompt(rows.train), None if rows.held_out is None else explicit_prompt(rows.held_out)
 
 

@@ -13,6 +13,7 @@ from align.pipeline.trl_args import config_class, field_types
 from align.stages.context import (
     StageContext,
     load_stage_model,
+    loaded_rows,
     peft_config,
     stage_config,
     stage_data,
@@ -31,7 +32,8 @@ class Preamble:
     config: Any  # TRL's config class of the stage's kind
     tokenizer: Any
     counts: dict[str, float] = field(default_factory=dict)
-    """What `max_length` does to the rows (align/data/lengths.py), once `trainer_kwargs` counted them."""
+    """What a mixture used of each source, and what `max_length` does to the rows (align/data/lengths.py),
+    once `trainer_kwargs` counted them."""
 
     @property
     def output(self) -> str:
@@ -58,7 +60,7 @@ class Preamble:
         train = self.train if train is None else train
         lengths = counted_lengths(self.ctx, train, self.tokenizer, self.config)
         refuse_lost_rows(self.ctx.plan, lengths)
-        self.counts = lengths.metrics() if lengths is not None else {}
+        self.counts |= lengths.metrics() if lengths is not None else {}
         model = self.load_model() if model is None else model
         return {
             "model": model,
@@ -102,7 +104,10 @@ def preamble(
     every backend can evaluate (DeepSpeed ZeRO-1/2 refuses any evaluation before its engine exists)."""
     logs = ctx.output_dir / "logs"
     note_phase(logs, "loading the data")
-    train, evaluation = stage_data(ctx)
+    rows = loaded_rows(ctx)
+    train, evaluation = stage_data(ctx, rows)
+    if (unused := rows.unused_note()) is not None:  # said at the start, in the worker's log and the record
+        print(f"{ctx.plan.where}.data.train: {unused}", flush=True)
     note_phase(logs, f"preparing {len(train):,} training rows and the model")
     tokenizer = stage_tokenizer(ctx, padding_side=padding_side)
     overrides = {
@@ -112,4 +117,5 @@ def preamble(
     }
     if eval_on_start:
         overrides = {"eval_on_start": evaluation is not None, **overrides}
-    return Preamble(ctx, train, evaluation, stage_config(ctx, overrides), tokenizer)
+    config = stage_config(ctx, overrides)
+    return Preamble(ctx, train, evaluation, config, tokenizer, rows.mixture_counts())
