@@ -8,11 +8,13 @@ import time
 
 from align.data.lengths import lengths_path, recalled
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
-from align.data.scan import data_shape
+from align.data.scan import data_shape, scan_notes
 from align.data.sources import plan_lines as source_lines
 from align.models.chat_templates import plan_lines
 from align.models.memory import format_bytes
 from align.models.precision import PURE, PURE_RISK, describe
+from align.planning.losses import carries_loss
+from align.planning.model_sizes import root_model
 from align.planning.plan import Plan, StagePlan
 from align.report.eval_tables import format_eval
 from align.run.package import Package
@@ -88,9 +90,11 @@ def data_lines(stage: StagePlan) -> list[str]:
     are mixed and each one's rows and share (align/data/sources.py)."""
     data = getattr(stage.stage, "data", None)
     if data is not None and getattr(data, "is_mixture", False):
-        return source_lines(data, stage.data_kind)
+    noted = scan_notes(data, stage.data_kind) if hasattr(data, "sources") else []
+    notes = [f"data: {note}" for note in noted]
+        return source_lines(data, stage.data_kind) + notes
     shape = None if data is None else data_shape(getattr(data, "prompts", None) or data.train, data.columns)
-    return [] if shape is None else [f"data: {shape}"]
+    return ([] if shape is None else [f"data: {shape}"]) + notes
 
 
 def precision_as_run(stage: StagePlan) -> str:
@@ -157,6 +161,9 @@ def format_plan(plan: Plan) -> str:
         if stage.loss is not None:
             lines.append(f"    loss: {stage.loss}")
         if stage.resources is not None:
+        carried = carries_loss(stage.stage, stage.chat_template, root_model(plan.pipeline, name))
+        if carried is not None:
+            lines.append(f"    carries loss: {carried}")
             lines.append(f"    resources: {stage.resources.describe()}")
         if stage.precision == PURE:
             lines.append(f"    risk: {PURE_RISK}")
