@@ -9,6 +9,7 @@ identities, as the scan's verdict is (align/data/scan.py).
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import json
 from pathlib import Path
@@ -22,7 +23,7 @@ from align.data.rows import row_source
 from align.data.scan import EXAMPLES, identity, progress_bar
 from align.data.shapes import Normalizer, RowProblem
 from align.errors import DataError, Problem
-from align.fingerprint import digest, file_digest
+from align.fingerprint import digest
 
 FIX = (
     "held-out rows must never be trained on: remove them from one of the files, or drop `eval:` to hold "
@@ -89,7 +90,7 @@ def counted(train: list[tuple[Path, dict[str, str]]], held: Path, columns: dict[
 def same_file(first: Path, second: Path) -> bool:
     if first.is_dir() or second.is_dir():
         return first.resolve() == second.resolve()
-    return first.stat().st_size == second.stat().st_size and file_digest(first) == file_digest(second)
+    return filecmp.cmp(first, second, shallow=False)
 
 
 def held_out_problems(data: Any, where: str) -> list[Problem]:
@@ -119,7 +120,8 @@ def held_out_problems(data: Any, where: str) -> list[Problem]:
     return [
         Problem(
             f"{where}.data.eval",
-            f"{len(places)} of {found['rows']} eval rows also appear in data.train "
+            f"{len(places)} of {found['rows']} eval rows also "
+            f"{'appears' if len(places) == 1 else 'appear'} in data.train "
             f"({data.eval} {unit} {shown}{more}); {FIX}",
         )
     ]
