@@ -19,7 +19,9 @@ EXIT_USER_ERROR = 2
 
 
 def build_plan(args: argparse.Namespace):
-    """The validated file's plan: every check `validate` makes, and every backend refusal, before Ray."""
+    """The validated file's plan: every check `validate` makes, and every backend refusal, before Ray.
+    `plan` and `run` without a cluster (--address, RAY_ADDRESS) plan for this machine, and so refuse what
+    its cores, GPUs and memory could never hold; `validate` checks the file, wherever it will run."""
     from align.pipeline.file import load
     from align.planning.hardware import Hardware
     from align.planning.plan import build
@@ -30,7 +32,9 @@ def build_plan(args: argparse.Namespace):
     for warning in [*pipeline.warnings, *pipeline.absent]:
         print(f"warning: {warning}", file=sys.stderr)
     memory = getattr(args, "device_memory", None) or pipeline.defaults.device_memory
-    return build(pipeline, Hardware.detect(memory, planning=args.handler is cmd_plan))
+    cluster = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
+    here = args.handler in (cmd_plan, cmd_run) and not cluster
+    return build(pipeline, Hardware.detect(memory, planning=args.handler is cmd_plan, local=here))
 
 
 def loads_models_here(args: argparse.Namespace) -> bool:
@@ -83,9 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from align.report.console import ProgressLine, format_outcomes
     from align.run.controller import run_plan
 
-    plan = build_plan(args)
-    if not (args.address or os.environ.get("RAY_ADDRESS")):
-        refuse_what_this_machine_cannot_hold(plan)
+    plan = build_plan(args)  # without a cluster, refuses what this machine could never hold
     if plan.pipeline.sweep is not None and (args.stage or args.force or args.restart):
         raise AlignError(
             "--stage, --force and --restart pick stages of a pipeline without `sweep:`: remove them"
@@ -124,30 +126,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(format_sweep(read_sweep(plan.pipeline, args.file, args.set)))
         print(f"`align sweep-report {args.file}` writes its plot and links the best variant's outputs")
     return 0
-
-
-def refuse_what_this_machine_cannot_hold(plan) -> None:
-    """A run on this machine's Ray (embedded, or a head started here) whose stage asks for more than the
-    machine has would wait for nothing: refused before Ray starts, each in one line."""
-    from align.planning.resources import local_problems
-    from align.planning.services import local_problems as local_service_problems
-
-    gpus = 0
-    if plan.hardware.accelerator:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    problems = [
-        problem
-        for name, stage in plan.stages.items()
-        if stage.resources is not None
-        for problem in [
-            *local_problems(name, stage.resources, gpus),
-            *local_service_problems(name, stage.placement.services, stage.resources, gpus),
-        ]
-    ]
-    if problems:
-        raise ConfigError(problems)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -329,6 +307,12 @@ def parser() -> argparse.ArgumentParser:
         if name != "submit":
             sub.add_argument(
                 "--device-memory", help="memory per device for the plan, e.g. 80GB (default: detected)"
+            )
+        if name == "plan":
+            sub.add_argument(
+                "--address",
+                help="the Ray cluster the run will join: plan for it, checking nothing against this "
+                "machine's cores, GPUs and memory (default: $RAY_ADDRESS, else this machine)",
             )
         if name != "plan":
             stage_names(sub, "--stage", "run this stage (and what it needs) only; repeatable")

@@ -2,6 +2,9 @@
 
 Detection imports torch only where an NVIDIA driver is present: on a CPU machine `align validate` and
 `align plan` must not pay torch's import (4 s on 2 cores) to learn there is no GPU.
+
+When the ranks will run on this machine (an embedded Ray), the plan also knows the host they share
+(`Host`), and refuses what it could never hold (align/planning/host.py).
 """
 
 from __future__ import annotations
@@ -18,19 +21,35 @@ DEFAULT_DEVICE_MEMORY = "80GB"
 
 
 @dataclass(frozen=True)
+class Host:
+    """The one machine every rank of an embedded Ray runs on: its RAM, cores and GPUs, which they share."""
+
+    memory: int
+    cores: int
+    gpus: int = 0
+
+
+@dataclass(frozen=True)
 class Hardware:
-    """Accelerator or not, memory per device, and whether it computes in bf16."""
+    """Accelerator or not, memory per device, and whether it computes in bf16; `host` when the ranks run
+    on this machine, None when they run on machines the driver cannot see (a cluster, or GPUs planned from
+    a laptop): then nothing here bounds them."""
 
     accelerator: bool
     device_memory: int
     bf16: bool = False
+    host: Host | None = None
 
     @classmethod
-    def detect(cls, device_memory: str | None = None, *, planning: bool = False) -> Hardware:
+    def detect(
+        cls, device_memory: str | None = None, *, planning: bool = False, local: bool = False
+    ) -> Hardware:
         """The local machine, with `--device-memory` overriding what is detected.
 
         When only planning, a device memory given on a machine without GPUs means "plan for GPUs
-        of this size" (bf16), so a CPU laptop can plan the 8B run it will submit elsewhere.
+        of this size" (bf16), so a CPU laptop can plan the 8B run it will submit elsewhere. `local`: the
+        ranks will run here (no --address), so the host is this machine, unless its GPUs are only planned
+        for. On a CPU the device is the host: `--device-memory` stands for its RAM.
         """
         memory = None
         if device_memory is not None:
@@ -38,12 +57,15 @@ class Hardware:
                 memory = parse_memory(device_memory)
             except ValueError as err:
                 raise AlignError(f"device memory: {err}") from None
-        gpu_memory, gpu_bf16 = local_gpu()
+        gpu_memory, gpu_bf16, gpu_count = local_gpu()
         real_gpu = gpu_memory is not None
         gpu = real_gpu or (planning and device_memory is not None)
         bf16 = gpu and (gpu_bf16 if real_gpu else True)
         memory = memory or gpu_memory or (parse_memory(DEFAULT_DEVICE_MEMORY) if gpu else host_memory())
-        return cls(accelerator=gpu, device_memory=memory, bf16=bf16)
+        host = None
+        if local and gpu == real_gpu:
+            host = Host(host_memory() if gpu else memory, os.cpu_count() or 1, gpu_count)
+        return cls(accelerator=gpu, device_memory=memory, bf16=bf16, host=host)
 
 
 def host_memory() -> int:
@@ -58,12 +80,13 @@ def nvidia_driver_present() -> bool:
     return Path("/proc/driver/nvidia").exists() or ctypes.util.find_library("cuda") is not None
 
 
-def local_gpu() -> tuple[int | None, bool]:
-    """(memory of GPU 0, bf16 support), or (None, False) without a usable CUDA device."""
+def local_gpu() -> tuple[int | None, bool, int]:
+    """(memory of GPU 0, bf16 support, how many), or (None, False, 0) without a usable CUDA device."""
     if not nvidia_driver_present():
-        return None, False
+        return None, False, 0
     import torch
 
     if not torch.cuda.is_available():
-        return None, False
-    return torch.cuda.get_device_properties(0).total_memory, torch.cuda.is_bf16_supported()
+        return None, False, 0
+    properties = torch.cuda.get_device_properties(0)
+    return properties.total_memory, torch.cuda.is_bf16_supported(), torch.cuda.device_count()

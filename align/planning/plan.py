@@ -24,6 +24,7 @@ from align.models.precision import PURE, compute_dtype, precision_problems, reso
 from align.pipeline.graph import order, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
+from align.planning.host import host_problems
 from align.planning.lora import LMHead, lm_head, lora_targets, trained_rows
 from align.planning.losses import loss_words
 from align.planning.model_sizes import reward_model_params, stage_architecture, teacher_params
@@ -357,7 +358,8 @@ def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
 
 
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
-    """The plan for every stage, in dependency order; every refusal of every stage at once."""
+    """The plan for every stage, in dependency order; every refusal of every stage at once, with what the
+    host could never hold when the ranks run on this machine (`hardware.host`)."""
     hardware = hardware or Hardware.detect(pipeline.defaults.device_memory)
     edges = pipeline.edges or references(pipeline.stages)[0]  # a Pipeline built in code has none yet
     names, _ = order(edges)
@@ -367,6 +369,7 @@ def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:
             stages[name] = plan_stage(pipeline, name, edges[name], hardware)
         except ConfigError as err:
             problems += err.problems
+    problems += [problem for stage in stages.values() for problem in host_problems(stage, hardware)]
     if problems:
         raise ConfigError(problems)
     stages = started_together(stages)

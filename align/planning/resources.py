@@ -1,7 +1,9 @@
 """What a stage asks Ray for: one bundle per rank, reserved all at once (a placement group), with how long
 to wait for it. The plan fixes the request; where the group starts (align/run/workers.py) fills in the one
 default that depends on which Ray it joined: the CPUs of a CPU rank, this machine's cores on an embedded
-Ray, split among the stages the run starts side by side (`alongside`, counted by the run's Schedule)."""
+Ray, split among the stages the run starts side by side (`alongside`, counted by the run's Schedule).
+`local_problems` says what an embedded Ray could never give one stage; stages side by side split the cores
+further, and are not refused for it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,11 @@ from dataclasses import dataclass, field
 
 from align.config.spec import Pipeline
 from align.errors import Problem
+from align.planning.hardware import Host
+
+RANKS_PER_CORE = 4
+"""The most CPU ranks an embedded Ray runs per core when they name no CPUs: each is a process with its own
+torch threads and model, and past a quarter of a core each they take turns more than they compute."""
 
 
 @dataclass(frozen=True)
@@ -39,22 +46,17 @@ class Request:
         )
 
     def on_this_machine(self) -> str:
-        """What an embedded Ray on this machine makes of a CPU request: ranks sharing its cores, or a
-        refusal (`align run` without --address stops there, before Ray starts). GPU requests are left to
-        the machine that runs them: a CPU laptop plans for GPUs it has not got."""
-        if self.gpus or self.custom:
+        """What an embedded Ray on this machine makes of a CPU request that names no CPUs: ranks sharing its
+        cores. What it could never hold, the plan refuses (`local_problems`)."""
+        if self.gpus or self.custom or self.cpus is not None:
             return ""
         cores = os.cpu_count() or 1
-        if self.cpus is None:
-            if beside := self.beside():
-                return f"embedded: {beside} (all {cores} when it runs alone; 1 CPU per rank on a cluster)"
-            if self.workers == 1:
-                return f"embedded: the rank takes this machine's {cores} cores (1 CPU on a cluster)"
-            each = f"{shared_cpus(self.workers):g} CPU each, 1 on a cluster"
-            return f"embedded: {self.workers} ranks share this machine's {cores} cores ({each})"
-        if problems := local_problems(self.stage, self, 0):
-            return f"this machine cannot hold it ({problems[0]}); `align run` refuses it without --address"
-        return ""
+        if beside := self.beside():
+            return f"embedded: {beside} (all {cores} when it runs alone; 1 CPU per rank on a cluster)"
+        if self.workers == 1:
+            return f"embedded: the rank takes this machine's {cores} cores (1 CPU on a cluster)"
+        each = f"{shared_cpus(self.workers):g} CPU each, 1 on a cluster"
+        return f"embedded: {self.workers} ranks share this machine's {cores} cores ({each})"
 
     def beside(self) -> str:
         """The part of an embedded Ray's cores this stage takes beside the stages that run with it, in words;
@@ -82,25 +84,38 @@ def stage_request(pipeline: Pipeline, name: str, workers: int, accelerator: bool
     return Request(workers, cpus, gpus, dict(spec.custom), spec.strategy, spec.wait_s, name)
 
 
-def local_problems(name: str, request: Request, gpus_here: int) -> list[Problem]:
-    """What an embedded Ray on this machine could never hold (it would wait forever), one line each."""
-    where, cores = f"stages.{name}.resources", os.cpu_count() or 1
+def local_problems(name: str, request: Request, host: Host) -> list[Problem]:
+    """What an embedded Ray on `host` could never hold (it would wait forever), or would share so thinly
+    that its ranks only take turns: one line each."""
+    where = f"stages.{name}.resources"
     problems = []
-    if request.cpus and request.cpus * request.workers > cores:
+    if request.cpus is None and not request.gpus and request.workers > host.cores * RANKS_PER_CORE:
+        problems.append(
+            Problem(
+                f"stages.{name}.workers",
+                f"{request.workers} CPU ranks would share this machine's {host.cores} cores "
+                f"({host.cores / request.workers:.2g} of a core each); an embedded Ray gives each rank at "
+                f"least 1/{RANKS_PER_CORE} of a core, so at most {host.cores * RANKS_PER_CORE} ranks here: "
+                "fewer workers, `resources.cpus_per_worker` to split the cores finer on purpose, or a "
+                "cluster with --address",
+            )
+        )
+    if request.cpus and request.cpus * request.workers > host.cores:
         problems.append(
             Problem(
                 f"{where}.cpus_per_worker",
                 f"{request.workers} ranks x {request.cpus:g} CPUs need {request.cpus * request.workers:g}; "
-                f"this machine has {cores}: ask for less (ranks may share cores, e.g. "
-                f"{cores / request.workers:.2g}), or run on a cluster with --address",
+                f"this machine has {host.cores}: ask for less (ranks may share cores, e.g. "
+                f"{host.cores / request.workers:.2g}), or run on a cluster with --address",
             )
         )
-    if request.gpus * request.workers > gpus_here:
+    if request.gpus * request.workers > host.gpus:
         problems.append(
             Problem(
                 f"{where}.gpus_per_worker",
                 f"{request.workers} ranks x {request.gpus:g} GPUs need {request.gpus * request.workers:g}; "
-                f"this machine has {gpus_here}: fewer workers, or a cluster with --address",
+                f"this machine has {host.gpus}: fewer workers, `gpus_per_worker: 0` to run on the CPU, a "
+                "cluster with --address, or `align plan --device-memory` to plan for GPUs elsewhere",
             )
         )
     if request.custom:

@@ -4,13 +4,13 @@ align/run/services.py starts them and the stage runners call them."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from align.config.placement import ACTOR, ServiceResources
 from align.config.spec import RewardedStage, StageBase, TrainingStage
 from align.errors import Problem
 from align.models.memory import DTYPE_BYTES, format_bytes
+from align.planning.hardware import Host
 from align.planning.resources import Request
 
 REFERENCE_ROLE = "reference"
@@ -87,10 +87,10 @@ def service(role: str, asked: ServiceResources, accelerator: bool, size: int, dt
     return Service(role, asked.cpus, gpus, asked.wait_s, size, dtype)
 
 
-def local_problems(name: str, services: tuple[Service, ...], ranks: Request, gpus_here: int) -> list[Problem]:
+def local_problems(name: str, services: tuple[Service, ...], ranks: Request, host: Host) -> list[Problem]:
     """What this machine's embedded Ray could never give a stage's services beside its ranks (they would
     wait `wait_s` for nothing): CPUs asked beside ranks that share every core, GPUs beyond the machine's."""
-    cores = os.cpu_count() or 1
+    cores, gpus_here = host.cores, host.gpus
     cpus = cores if ranks.cpus is None else ranks.cpus * ranks.workers
     gpus = ranks.gpus * ranks.workers
     problems = []

@@ -13,6 +13,7 @@ from align.data.sources import plan_lines as source_lines
 from align.models.chat_templates import plan_lines
 from align.models.memory import format_bytes
 from align.models.precision import PURE, PURE_RISK, describe
+from align.planning.host import host_share
 from align.planning.losses import carries_loss
 from align.planning.model_sizes import root_model
 from align.planning.plan import Plan, StagePlan
@@ -89,9 +90,9 @@ def data_lines(stage: StagePlan) -> list[str]:
     """What is done to a stage's rows before training (align/data/shapes.py); for a mixture, how its sources
     are mixed and each one's rows and share (align/data/sources.py)."""
     data = getattr(stage.stage, "data", None)
-    if data is not None and getattr(data, "is_mixture", False):
     noted = scan_notes(data, stage.data_kind) if hasattr(data, "sources") else []
     notes = [f"data: {note}" for note in noted]
+    if data is not None and getattr(data, "is_mixture", False):
         return source_lines(data, stage.data_kind) + notes
     shape = None if data is None else data_shape(getattr(data, "prompts", None) or data.train, data.columns)
     return ([] if shape is None else [f"data: {shape}"]) + notes
@@ -160,15 +161,17 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"    lm head: {stage.lm_head.summary}")
         if stage.loss is not None:
             lines.append(f"    loss: {stage.loss}")
-        if stage.resources is not None:
         carried = carries_loss(stage.stage, stage.chat_template, root_model(plan.pipeline, name))
         if carried is not None:
             lines.append(f"    carries loss: {carried}")
+        if stage.resources is not None:
             lines.append(f"    resources: {stage.resources.describe()}")
         if stage.precision == PURE:
             lines.append(f"    risk: {PURE_RISK}")
         lines += [f"    {role}: {where}" for role, where in stage.placement.description.items()]
         lines += memory_table(stage)
+        if (share := host_share(stage, plan.hardware.accelerator)) is not None and share.total:
+            lines.append(f"    host memory: {share.describe(plan.hardware.host)}")
     return "\n".join(lines)
 
 
