@@ -12,7 +12,8 @@ import yaml
 from align.planning.hardware import Hardware
 from tests.pipelines import logged_losses, run_in_process
 
-PINNED = [7.641739, 7.515624, 7.464664, 7.395248, 7.392408, 7.334731]
+# assistant turns only (the default for conversations since issue 34), at a max_length that keeps them
+PINNED = [7.636019, 7.589466, 7.557526, 7.468298, 7.494131, 7.423284]
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
 
 
@@ -31,7 +32,7 @@ def sft_losses(folder: Path) -> list[float]:
                     "logging_steps": 1,
                     "per_device_train_batch_size": 8,
                     "learning_rate": 1e-3,
-                    "max_length": 64,
+                    "max_length": 128,  # keeps every answer whole (64 cuts 8 of them: the stage stops)
                     "save_strategy": "no",
                     "report_to": "none",
                 },
