@@ -344,3 +344,139 @@ def test_non_utf8_pipeline_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_
     code, _, err = validate(capsys, str(path))
     assert code == 2
     assert "UTF-8" in err or "utf-8" in err
+
+
+# every independent problem in one pass (issue 34)
+
+
+def test_four_independent_problems_come_in_one_validate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path,
+        """\
+name: four-defects
+base_model: tiny
+stages:
+  sft:
+    kind: sft
+    data: {train: align:chatterbot/sft/train}
+    trl: {max_step: 10}
+  other:
+    kind: sft
+    data: {train: no_such.jsonl}
+  dpo:
+    kind: dpo
+    model: ${stages.stf.output}
+    data: {train: align:chatterbot/prefs/train}
+  a:
+    kind: sft
+    model: ${stages.b.output}
+    data: {train: align:chatterbot/sft/train}
+  b:
+    kind: sft
+    model: ${stages.a.output}
+    data: {train: align:chatterbot/sft/train}
+""",
+    )
+    code, _, err = validate(capsys, path)
+    assert code == 2
+    count, lines = problems(err, path)
+    assert count == 4
+    paths = sorted(line.split(": ", 1)[0] for line in lines)
+    assert paths == ["stages.a", "stages.dpo.model", "stages.other.data.train", "stages.sft.trl.max_step"]
+    assert "stages form a cycle: a -> b -> a" in err and "refers to unknown stage 'stf'" in err
+
+
+def test_a_check_that_needs_a_broken_stage_waits_and_is_counted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The merge check needs the stage it reads, whose lora block is wrong: it waits, counted, and the
+    reference to that stage is not called unknown."""
+    path = write(
+        tmp_path,
+        BASE
+        + "  sft:\n    kind: sft\n    data: {train: align:chatterbot/sft/train}\n    lora: {r: many}\n"
+        + "  merge:\n    kind: merge\n    model: ${stages.sft.output}\n",
+    )
+    code, _, err = validate(capsys, path)
+    assert code == 2
+    assert problems(err, path)[1][0].startswith("stages.sft.lora.r: ")
+    assert err.rstrip().endswith("1 more check waits on these: stages.sft (models, data, references)")
+    assert "unknown stage" not in err
+
+
+def test_batch_size_0_is_refused_by_path_at_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", DEMO, "--set", "stages.sft.trl.per_device_train_batch_size=0"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert problems(err, DEMO)[1] == [
+        "stages.sft.trl.per_device_train_batch_size: 0 is below 1: each device needs at least one row a step"
+    ]
+
+
+# models and files that are not what they seem
+
+
+def test_a_symlink_loop_is_named_as_one(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "model").symlink_to(tmp_path / "model")
+    (tmp_path / "rows.jsonl").symlink_to(tmp_path / "rows.jsonl")
+    path = write(
+        tmp_path,
+        "name: loops\nbase_model: ./model\nstages:\n  sft:\n    kind: sft\n    data: {train: rows.jsonl}\n",
+    )
+    code, _, err = validate(capsys, path)
+    assert code == 2
+    count, lines = problems(err, path)
+    assert count == 2
+    assert lines[0].startswith("base_model: ") and "symlink loop" in lines[0]
+    assert (
+        lines[1].startswith("stages.sft.data.train: ")
+        and "symbolic link that leads back to itself" in lines[1]
+    )
+    assert "does not exist" not in err
+
+
+def test_a_folder_without_config_json_is_named_so_not_blamed_on_the_template(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "tokenizer_config.json").write_text("{}", encoding="utf-8")
+    path = write(tmp_path, "name: half\nbase_model: ./half\nstages:\n" + GOOD_SFT)
+    code, _, err = validate(capsys, path)
+    assert code == 2
+    assert problems(err, path)[1] == [
+        f"base_model: the folder '{tmp_path / 'half'}' has no config.json, so it is not a model folder "
+        "(a model saved by save_pretrained, or downloaded from the hub, has one beside its weights): name "
+        "the folder that holds it"
+    ]
+
+
+@pytest.mark.parametrize("command", ["data", "run"])
+def test_a_hub_id_not_in_the_cache_is_refused_before_ray(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    path = write(tmp_path, "name: hub\nbase_model: nobody-here/no-model\nstages:\n" + GOOD_SFT)
+    code = main([command, path])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    [line] = problems(err, path)[1]
+    assert line.startswith("base_model: 'nobody-here/no-model' is not in the local Hugging Face cache")
+    assert "`hf download nobody-here/no-model`" in line and "unset HF_HUB_OFFLINE" in line
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_a_hub_id_not_in_the_cache_is_a_warning_at_validate_and_plan(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = write(tmp_path, "name: hub\nbase_model: nobody-here/no-model\nstages:\n" + GOOD_SFT)
+    for command in ("validate", "plan"):
+        code = main([command, path])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert err.startswith(
+            "warning: base_model: 'nobody-here/no-model' is not in the local Hugging Face cache"
+        )
