@@ -20,7 +20,9 @@ def test_every_command_is_walked() -> None:
     assert {"validate", "plan", "run", "data", "submit", "sweep-report", "chat", "tiny"} <= set(commands())
 
 
-@pytest.mark.parametrize("argv", [[flag] for flag in ("--help", "-h")] + [[name, "-h"] for name in commands()])
+@pytest.mark.parametrize(
+    "argv", [[flag] for flag in ("--help", "-h")] + [[name, "-h"] for name in commands()]
+)
 def test_help_prints_and_exits_0(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)
