@@ -17,7 +17,7 @@ from align.data.loading import split_ref
 from align.data.overlap import held_out_problems
 from align.data.scan import check_data, columns_problem, first_row, is_message
 from align.data.shapes import Normalizer
-from align.data.sources import data_refs, mixture_problems
+from align.data.sources import absent_hub_data, data_refs, mixture_problems
 from align.errors import Problem
 from align.models.chat_templates import resolve_template
 from align.models.loading import HUB_ID, absent_hub_model, has_chat_template, model_problem
@@ -155,7 +155,8 @@ def cross_check(pipeline: Pipeline, named: list[str] | None = None) -> CrossChec
     problems += vllm_problems(pipeline)
     problems += eval_problems(pipeline, reward_model_problems)
     problems += ignored_by_trl(pipeline)
-    return CrossChecked(edges, problems, coverage_waiting(pipeline, problems), absent_models(pipeline))
+    absent = absent_models(pipeline) + absent_hub_data(pipeline.stages)
+    return CrossChecked(edges, problems, coverage_waiting(pipeline, problems), absent)
 
 
 def coverage_waiting(pipeline: Pipeline, problems: list[Problem]) -> list[str]:
