@@ -8,6 +8,9 @@ import os
 import threading
 import time
 
+import pytest
+
+from align.backends import BACKENDS
 from align.run import stop
 from align.run.reservation import Turns
 from align.run.workers import rank_environments, reset_process
@@ -37,6 +40,24 @@ def test_cpu_ranks_name_no_gpu() -> None:
     envs = rank_environments([("127.0.0.1", []), ("127.0.0.1", [])], MASTER, gpu=False)
     assert all("CUDA_VISIBLE_DEVICES" not in env for env in envs)
     assert {env["ACCELERATE_TORCH_DEVICE"] for env in envs} == {"cpu"}
+
+
+def test_a_rank_without_a_process_group_gets_no_distributed_environment() -> None:
+    """Accelerate reads LOCAL_RANK as a distributed run and wraps the model in DDP, even one CPU rank's."""
+    [env] = rank_environments([("127.0.0.1", [])], MASTER, gpu=False, process_group=False)
+    assert env == {"ACCELERATE_TORCH_DEVICE": "cpu"}
+    [env] = rank_environments([("127.0.0.1", ["0"])], MASTER, gpu=True, process_group=False)
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"} & set(env)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["ACCELERATE_TORCH_DEVICE"]) == ("0", "cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("backend", "workers", "joins"),
+    [("ddp", 1, False), ("ddp", 2, True), ("zero2", 1, True), ("fsdp", 1, True)],
+)
+def test_only_the_backends_that_need_a_process_group_join_one(backend, workers, joins) -> None:
+    """One DDP rank has nothing to synchronize; DeepSpeed's engine and FSDP's mesh need one at any size."""
+    assert BACKENDS[backend].needs_process_group(workers) is joins
 
 
 def test_a_worker_forgets_a_stage_s_accelerate_state_and_environment(monkeypatch) -> None:

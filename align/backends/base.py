@@ -44,6 +44,10 @@ class Backend(Protocol):
     def offloads_optimizer(self, stage: StageBase) -> bool:
         """Whether it steps the optimizer on the host for this stage."""
 
+    def needs_process_group(self, workers: int) -> bool:
+        """Whether its ranks must join a process group. Where none is needed the rank runs as a plain
+        script does: with a distributed environment, Accelerate wraps even one CPU rank in DDP."""
+
     def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
         """Per-rank memory as {table column: MemoryEstimate}; `option(stage)` names the column it runs."""
 

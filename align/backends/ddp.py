@@ -32,6 +32,11 @@ class DDP:
     def offloads_optimizer(self, stage: StageBase) -> bool:
         return False
 
+    def needs_process_group(self, workers: int) -> bool:
+        """One rank has nothing to synchronize: it trains as a plain TRL script, unwrapped (a rank in a
+        process group of one was wrapped in DDP by Accelerate: 1.2x the step, docs/performance.md)."""
+        return workers > 1
+
     def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
         return {self.name: estimate(arch, work, backend=self.name, world_size=workers)}
 

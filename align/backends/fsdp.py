@@ -90,6 +90,10 @@ class FSDP:
     def offloads_optimizer(self, stage: StageBase) -> bool:
         return False
 
+    def needs_process_group(self, workers: int) -> bool:
+        """Its parameters are DTensors on a device mesh, which a process group carries even at one rank."""
+        return True
+
     def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
         offload = stage.fsdp.cpu_offload
         return {"fsdp": estimate(arch, work, backend="fsdp", world_size=workers, offload_params=offload)}

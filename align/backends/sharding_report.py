@@ -76,7 +76,21 @@ def sharding_facts(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
         "trainable_dtypes": dtypes(trainable),
         "frozen_dtypes": dtypes(p for p in params if not p.requires_grad),
         "dtensor_params": sum(hasattr(p, "to_local") for p in params),
+        **how_it_computes(),
         **peaks(),
+    }
+
+
+def how_it_computes() -> dict[str, Any]:
+    """What sets this rank's speed beside the model: whether Accelerate saw a distributed run (it then wraps
+    the model in DDP, even for one rank), torch's threads, and the process's niceness (Ray's default 15
+    yields every core to anything else). A rank alone should match a plain TRL script: `NO`, its CPUs, 0."""
+    from accelerate.state import PartialState
+
+    return {
+        "distributed": PartialState().distributed_type.value,
+        "torch_threads": torch.get_num_threads(),
+        "niceness": os.nice(0),
     }
 
 

@@ -59,6 +59,10 @@ class Zero2(DDP):
             return err.problems
         return []
 
+    def needs_process_group(self, workers: int) -> bool:
+        """DeepSpeed's engine runs its collectives even on one rank."""
+        return True
+
     def offloads_optimizer(self, stage: StageBase) -> bool:
         """When asked, and by default for LoRA/QLoRA. A user's JSON says for itself; one that cannot be
         read offloads nothing here, and `problems` refuses it wherever zero2 would run the stage."""

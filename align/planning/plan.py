@@ -104,6 +104,11 @@ class StagePlan:
         """The stage's YAML path, in front of every message about it."""
         return f"stages.{self.name}"
 
+    @property
+    def process_group(self) -> bool:
+        """Whether its ranks join a process group, as its backend says (one DDP rank runs without)."""
+        return BACKENDS[self.backend].needs_process_group(self.workers)
+
 
 @dataclass(frozen=True)
 class Plan:

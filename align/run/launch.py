@@ -38,6 +38,10 @@ FORWARDED_ENV = (
     "TORCH_EXTENSIONS_DIR",
     "PYTHONHASHSEED",
 )
+EMBEDDED_SYSTEM_CONFIG = {"worker_niceness": 0}
+"""Ray starts its workers at niceness 15, below everything else on the machine: a rank's torch threads then
+yield to any other process, and one that waits in an OpenMP barrier stalls its step. Ranks are the work
+here; they run at the priority of a plain training script (docs/performance.md)."""
 POLL_SECONDS = 0.5
 FAILURE_GRACE_S = 5.0
 
@@ -104,6 +108,7 @@ def connect(address: str | None, verbose: bool = False, messages: Path | None = 
             num_cpus=os.cpu_count(),
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
+            _system_config=EMBEDDED_SYSTEM_CONFIG,
             **settings,
         )
     return True, f"ray: embedded on this machine, {os.cpu_count()} CPUs{note}"

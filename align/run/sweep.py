@@ -508,7 +508,9 @@ class TrialStages:
     reporter: Reporter
 
     def __call__(self, plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
-        shape = GroupShape(stage.workers, plan.hardware.accelerator, self.context.bundle)
+        shape = GroupShape(
+            stage.workers, plan.hardware.accelerator, self.context.bundle, process_group=stage.process_group
+        )
         group = WorkerGroup(
             shape, self.context.env, stage.name, self.reporter.event, within=self.placement_group
         )

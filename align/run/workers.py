@@ -53,9 +53,10 @@ class StageWorker:
             probe.bind(("", 0))
             return probe.getsockname()[1]
 
-    def join(self, env: dict[str, str], backend: str, threads: int) -> None:
+    def join(self, env: dict[str, str], backend: str | None, threads: int) -> None:
         """Take this rank's environment (and the driver's module folders, where a reward function of the
-        user's own imports from), import what stages need, and join the process group."""
+        user's own imports from), import what stages need, and join the process group (`backend` None:
+        a rank that needs none, which then trains as a plain script does)."""
         os.environ.update(env)
         sys.path[:0] = [folder for folder in env.get("PYTHONPATH", "").split(os.pathsep) if folder]
         for module in WARM_IMPORTS:
@@ -65,7 +66,9 @@ class StageWorker:
 
         torch.set_num_threads(threads)
         if torch.cuda.is_available():
-            torch.cuda.set_device(int(env["LOCAL_RANK"]))
+            torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
+        if backend is None:
+            return
         dist.init_process_group(
             backend=backend,
             init_method="env://",
@@ -111,6 +114,7 @@ class GroupShape:
     bundle: tuple[tuple[str, float], ...]  # one rank's resources, as Ray's placement group bundle
     strategy: str = "pack"
     wait_s: float = 600.0
+    process_group: bool = True  # the ranks join one (the stage's backend says: align/backends)
 
     @classmethod
     def of(cls, stage: Any, gpu: bool, embedded: bool) -> GroupShape:
@@ -120,25 +124,31 @@ class GroupShape:
         request = stage.resources
         shared = shared_cpus(stage.workers, request.alongside) if embedded else 1.0
         bundle = tuple(sorted(request.bundle(shared).items()))
-        return cls(stage.workers, gpu, bundle, request.strategy, request.wait_s)
+        return cls(stage.workers, gpu, bundle, request.strategy, request.wait_s, stage.process_group)
 
 
-def rank_environments(places: list[tuple[str, list[str]]], master: tuple[str, int], gpu: bool) -> list[dict]:
+def rank_environments(
+    places: list[tuple[str, list[str]]], master: tuple[str, int], gpu: bool, process_group: bool = True
+) -> list[dict]:
     """Each rank's torchrun-style environment, from where each actor landed: ranks on one node share that
-    node's GPUs (so NCCL sees its peers), and each takes the one its local rank names."""
+    node's GPUs (so NCCL sees its peers), and each takes the one its local rank names. Without a process
+    group there is no distributed environment at all: Accelerate reads one (LOCAL_RANK) as "distributed"
+    and wraps the model in DDP, even for a single CPU rank."""
     nodes = list(dict.fromkeys(node for node, _ in places))
     envs = []
     for rank, (node, _) in enumerate(places):
         local = [i for i, (other, _) in enumerate(places) if other == node]
-        env = {
-            "MASTER_ADDR": master[0],
-            "MASTER_PORT": str(master[1]),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(len(places)),
-            "LOCAL_RANK": str(local.index(rank)),
-            "LOCAL_WORLD_SIZE": str(len(local)),
-            "NODE_RANK": str(nodes.index(node)),
-        }
+        env = {}
+        if process_group:
+            env = {
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(len(places)),
+                "LOCAL_RANK": str(local.index(rank)),
+                "LOCAL_WORLD_SIZE": str(len(local)),
+                "NODE_RANK": str(nodes.index(node)),
+            }
         if gpu:
             shared = sorted({g for i in local for g in places[i][1]}, key=int)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(shared)
@@ -212,19 +222,22 @@ class WorkerGroup:
             order = rank_order(places)
             self.actors, places = [self.actors[i] for i in order], [places[i] for i in order]
             master = (places[0][0], answers([self.actors[0].free_port.remote()])[0])
-            ranks = rank_environments([(node, gpus) for _, gpus, node in places], master, shape.gpu)
+            ranks = rank_environments(
+                [(node, gpus) for _, gpus, node in places], master, shape.gpu, shape.process_group
+            )
             self.placement = [
                 {
                     "rank": r,
                     "node_ip": ip,
                     "node_id": node,
-                    "local_rank": int(env_r["LOCAL_RANK"]),
+                    "local_rank": int(env_r.get("LOCAL_RANK", 0)),
                     "gpus": gpus,
                     "cpus": bundle["CPU"],  # its share where it shared an embedded Ray's cores
                 }
                 for r, ((ip, gpus, node), env_r) in enumerate(zip(places, ranks, strict=True))
             ]
-            backend, threads = ("nccl" if shape.gpu else "gloo"), max(1, round(bundle["CPU"]))
+            backend = ("nccl" if shape.gpu else "gloo") if shape.process_group else None
+            threads = max(1, round(bundle["CPU"]))
             self.joined = [
                 actor.join.remote({**env, **rank}, backend, threads)
                 for actor, rank in zip(self.actors, ranks, strict=True)
