@@ -147,7 +147,7 @@ def test_validate_and_plan_import_neither_torch_nor_trl(tmp_path: Path) -> None:
     code = (
         "import sys; from align.cli import main\n"
         "assert main(['validate', 'pipelines/tiny_sft_rm_ppo.yaml']) == 0\n"
-        "assert main(['plan', 'pipelines/ppo_llama3.yaml']) == 0\n"
+        "assert main(['plan', 'pipelines/ppo_llama3.yaml', '--device-memory', '80GB']) == 0\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'trl', 'datasets', 'ray') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
     )

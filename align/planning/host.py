@@ -10,16 +10,25 @@ hold (`Hardware.host`); on a cluster the driver cannot see how ranks fall on nod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from align.errors import Problem
-from align.models.memory import USABLE_FRACTION, format_bytes
+from align.models.memory import USABLE_FRACTION, MemoryEstimate, format_bytes
 from align.planning.hardware import Hardware, Host
-from align.planning.resources import local_problems
+from align.planning.placement import Placement
+from align.planning.resources import Request, local_problems
 from align.planning.services import local_problems as local_service_problems
 
-if TYPE_CHECKING:
-    from align.planning.plan import StagePlan
+
+class PlannedStage(Protocol):
+    """What these checks read of a planned stage: align/planning/plan.py's `StagePlan`, which calls them."""
+
+    name: str
+    workers: int
+    backend: str
+    placement: Placement
+    memory: MemoryEstimate | None
+    resources: Request | None
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ def usable_memory(host: Host) -> int:
     return int(host.memory * USABLE_FRACTION)
 
 
-def host_share(stage: StagePlan, accelerator: bool) -> HostShare | None:
+def host_share(stage: PlannedStage, accelerator: bool) -> HostShare | None:
     """What the stage puts in its host's RAM, or None without a memory plan (architecture unknown)."""
     if stage.memory is None:
         return None
@@ -61,7 +70,7 @@ def host_share(stage: StagePlan, accelerator: bool) -> HostShare | None:
     return HostShare(stage.workers, per_rank, actors)
 
 
-def host_problems(stage: StagePlan, hardware: Hardware) -> list[Problem]:
+def host_problems(stage: PlannedStage, hardware: Hardware) -> list[Problem]:
     """Everything the host the ranks run on could never give the stage, one line each; nothing when the
     plan is not for this machine."""
     host = hardware.host
@@ -73,12 +82,13 @@ def host_problems(stage: StagePlan, hardware: Hardware) -> list[Problem]:
     ]
     share = host_share(stage, hardware.accelerator)
     if share is not None and share.total > usable_memory(host):
-        path = f"{stage.where}.workers" if stage.workers > 1 else stage.where
+        where = f"stages.{stage.name}"
+        path = f"{where}.workers" if stage.workers > 1 else where
         problems.append(Problem(path, f"{share.describe(host)}: {ways_out(stage, hardware.accelerator)}"))
     return problems
 
 
-def ways_out(stage: StagePlan, accelerator: bool) -> str:
+def ways_out(stage: PlannedStage, accelerator: bool) -> str:
     """What would make the stage's host share fit, in words."""
     ways = []
     if stage.workers > 1:
