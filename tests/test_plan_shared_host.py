@@ -15,8 +15,9 @@ from align.cli import main
 from align.errors import ConfigError
 from align.models.memory import format_bytes
 from align.pipeline.file import load
-from align.planning.hardware import Hardware, Host, host_memory, nvidia_driver_present
-from align.planning.host import host_share
+from align.planning import hardware
+from align.planning.hardware import Hardware, Host, host_memory
+from align.planning.host import HostShare, host_share
 from align.planning.plan import build
 from align.report.console import format_plan
 from tests.pipelines import stage, write_pipeline
@@ -65,6 +66,13 @@ def test_with_gpus_the_host_holds_only_what_is_offloaded(tmp_path: Path) -> None
     assert share.total == 8 * sft.memory.host.total
     kept = planned(tmp_path, on_gpus(ROOMY), workers=8, backend="fsdp").stages["sft"]
     assert host_share(kept, accelerator=True).total == 0  # nothing offloaded: the GPUs hold it all
+
+
+def test_actors_without_a_gpu_add_their_weights_to_the_ranks() -> None:
+    share = HostShare(ranks=8, per_rank=2 * GB, actors=16 * GB)
+    assert share.total == 32 * GB
+    counted = "8 ranks x 2.00 GB + 16.0 GB of actors' weights = 32.0 GB"
+    assert share.describe(Host(64 * GB, 16)) == f"{counted} on one host of 64.0 GB (57.6 GB usable)"
 
 
 def test_ranks_above_the_host_are_refused_and_ranks_it_holds_are_not(tmp_path: Path) -> None:
@@ -129,13 +137,16 @@ def test_the_plan_prints_the_host_total(tmp_path: Path) -> None:
     assert f"    host memory: {counted} if one host runs them all" in format_plan(cluster)
 
 
-@pytest.mark.skipif(nvidia_driver_present(), reason="reads this machine as one without GPUs")
-def test_detect_knows_this_host_only_when_the_ranks_run_here() -> None:
-    here = Hardware.detect(local=True)
-    assert here.host == Host(host_memory(), os.cpu_count(), 0)
-    assert Hardware.detect("64GB", local=True).host == Host(64 * GB, os.cpu_count(), 0)  # the CPU's RAM
+def test_detect_knows_this_host_only_when_the_ranks_run_here(monkeypatch) -> None:
+    monkeypatch.setattr(hardware, "local_gpu", lambda: (None, False, 0))
+    cores = os.cpu_count()
+    assert Hardware.detect(local=True).host == Host(host_memory(), cores, 0)
+    assert Hardware.detect("64GB", local=True).host == Host(64 * GB, cores, 0)  # on a CPU: its RAM
     assert Hardware.detect().host is None  # validate: the file, wherever it runs
     assert Hardware.detect("80GB", planning=True, local=True).host is None  # GPUs planned for, elsewhere
+    monkeypatch.setattr(hardware, "local_gpu", lambda: (80 * GB, True, 8))
+    gpus = Hardware.detect("40GB", planning=True, local=True)
+    assert (gpus.device_memory, gpus.host) == (40 * GB, Host(host_memory(), cores, 8))
 
 
 def test_plan_and_run_refuse_here_and_not_for_a_cluster(tmp_path: Path, monkeypatch, capsys) -> None:
