@@ -124,6 +124,12 @@ bench: $(SETUP) bench-cli bench-batching
 bench-batching: $(SETUP)
 	$(OFFLINE) $(PY) bench/batching.py
 
+# SFT, DPO and GRPO on SmolLM2-135M-Instruct as align stages and as plain TRL scripts, alternated: the steady step
+# and wall time as ratios, and what align adds, itemized (about 25 min on 2 idle cores); bench/results/real-cpu.md
+.PHONY: bench-real
+bench-real: $(SETUP)
+	$(OFFLINE) $(PY) bench/real.py
+
 # One GPU: SmolLM2-135M SFT in bf16, tokens/s and MFU, align against plain TRL (bench/results/sft-gpu.md)
 .PHONY: bench-gpu
 bench-gpu: $(SETUP)

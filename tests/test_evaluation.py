@@ -83,3 +83,26 @@ def test_batched_scoring_equals_scoring_one_row_at_a_time() -> None:
     one_by_one = [completion_logprob(model, tokenizer, prompt, reply, 64) for prompt, reply in pairs]
     batched = completion_logprobs(model, tokenizer, pairs, 64, batch_size=3)
     torch.testing.assert_close(torch.tensor(batched), torch.tensor(one_by_one), rtol=1e-5, atol=1e-4)
+
+
+def test_dpo_implicit_rewards_tie_at_the_start_and_follow_the_policy_after() -> None:
+    """One pass of the policy per phase serves DPO's implicit reward: before training the policy is the
+    reference (every pair ties, counted half); after, beta x the move of each reply's log-prob."""
+    from align.measures.heldout import PairLogprobs
+    from align.stages.dpo import implicit_rewards
+
+    start = PairLogprobs(chosen=[-4.0, -6.0], rejected=[-5.0, -3.0])
+    assert implicit_rewards(start, start, beta=0.1) == {
+        "dpo_reward_chosen": 0.0,
+        "dpo_reward_rejected": 0.0,
+        "dpo_reward_margin": 0.0,
+        "dpo_reward_accuracy": 0.5,
+        "dpo_reward_ties": 1.0,
+    }
+    trained = PairLogprobs(chosen=[-2.0, -6.0], rejected=[-7.0, -1.0])  # apart; the wrong way
+    found = implicit_rewards(trained, start, beta=0.1)
+    assert abs(found["dpo_reward_chosen"] - 0.1) < 1e-9
+    assert abs(found["dpo_reward_rejected"] - (0.1 * (-2.0) + 0.1 * 2.0) / 2) < 1e-9
+    assert abs(found["dpo_reward_margin"] - ((0.2 + 0.2) + (0.0 - 0.2)) / 2) < 1e-9
+    assert found["dpo_reward_accuracy"] == 0.5 and "dpo_reward_ties" not in found
+    assert trained.scores() == {"preference_accuracy": 0.5, "preference_margin": ((-2 + 7) + (-6 + 1)) / 2}

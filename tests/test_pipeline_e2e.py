@@ -125,6 +125,31 @@ def assert_tensorboard_holds_the_logged_losses(logs: Path) -> None:
     assert shown == pytest.approx(losses)
 
 
+def test_a_rank_alone_trains_as_a_plain_trl_script_does(demo_run):
+    """The demo's stages have one rank each: no process group, so Accelerate sees no distributed run and
+    leaves the model unwrapped (in a group of one it wrapped it in DDP: 1.2x the step), with torch's threads
+    on the cores the plan gave the rank and the process at the niceness of a plain script, not Ray's 15."""
+    for stage in ("sft", "dpo"):
+        facts = json.loads((demo_run[0] / stage / "logs" / "placement-rank0.json").read_text())
+        cpus = record(demo_run[0], stage)["ranks"][0]["cpus"]
+        assert (facts["distributed"], facts["world_size"]) == ("NO", 1)
+        assert facts["torch_threads"] == max(1, round(cpus))
+        assert facts["niceness"] == 0
+
+
+def test_a_trained_stage_s_time_is_accounted_for_part_by_part(demo_run):
+    """What align does around TRL's loop is priced in the record and said under the stage's summary line."""
+    folder, output = demo_run
+    for stage in ("sft", "dpo"):
+        data = record(folder, stage)
+        parts = [data["metrics"][f"time_{part}_s"] for part in ("prepare", "train", "measure_before", "save")]
+        assert all(seconds >= 0 for seconds in parts)
+        assert sum(parts) <= data["ended"] - data["started"]
+        assert 0 < data["metrics"]["seconds_per_step_steady"] < data["metrics"]["time_train_s"]
+    summary = output[output.index("summary:") :]
+    assert summary.count("    time: train ") == 2, summary
+
+
 def test_records_say_what_produced_each_stage(demo_run):
     for stage in ("sft", "dpo", "merge"):
         data = record(demo_run[0], stage)

@@ -199,7 +199,7 @@ def test_a_reward_stage_is_told_its_long_pairs_are_dropped_not_emptied() -> None
     report = LengthReport(
         rows=152, p50=60, p95=111, longest=229, max_length=64, over=22, emptied=22, identical=0, keeps_all=230
     )
-    data = SimpleNamespace(max_emptied_share=None)
+    data = SimpleNamespace(max_emptied_share=None, max_cut_answers_share=None)
     for kind, told in (("reward", "TRL's reward trainer drops them"), ("sft", "keep no loss-bearing token")):
         plan = SimpleNamespace(kind=kind, where=f"stages.{kind}", stage=SimpleNamespace(data=data))
         problem = lost_rows_problem(plan, report)

@@ -75,6 +75,10 @@ class DataSpec(Strict):
     max_emptied_share: Annotated[float, Field(ge=0, le=1)] | None = None
     """The share of training rows `max_length` may leave with no loss-bearing token (they train nothing)
     before the stage stops ahead of training (align/stages/prepared.py); None: 1%."""
+    max_cut_answers_share: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The share of conversations `max_length` may cut into their last answer (they train its start, never its
+    end) before the stage stops ahead of training; above `max_emptied_share` it says so and trains on. None:
+    25%."""
 
     @field_validator("columns")
     @classmethod
@@ -102,7 +106,7 @@ class DataSpec(Strict):
         if isinstance(dumped, dict):
             if not self.columns:
                 dumped.pop("columns", None)
-            for key in ("mix", "max_emptied_share"):
+            for key in ("mix", "max_emptied_share", "max_cut_answers_share"):
                 if getattr(self, key) is None:
                     dumped.pop(key, None)
         return dumped

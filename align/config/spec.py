@@ -119,6 +119,10 @@ class TrainingStage(StageBase):
     lora: LoraSpec | None = None
     trl: dict[str, Any] = {}
     reference: ReferenceSpec | None = Field(default=None, exclude=True)  # where it runs: not fingerprinted
+    samples: Annotated[int, Field(ge=0, le=64)] = 4
+    """Held-out prompts answered greedily (24 tokens) before and after training, for the record and the
+    report; 0: none. Their cost is in the record (`time_samples_before_s`, `time_samples_after_s`); the
+    held-out measures' size is `data.max_eval_rows`."""
 
 
 class SFTStage(TrainingStage):

@@ -43,15 +43,6 @@ class LengthReport:
     answers_cut: int = 0  # conversations that keep a loss-bearing token but lose part of their last answer
     keeps_answers: int = 0  # the smallest max_length that keeps every last answer whole
 
-    @property
-    def lost(self) -> int:
-        """The rows that teach nothing (emptied, identical pairs) or something else (a cut answer)."""
-        return self.emptied + self.answers_cut + self.identical
-
-    @property
-    def lost_share(self) -> float:
-        return self.lost / self.rows if self.rows else 0.0
-
     def metrics(self) -> dict[str, float]:
         """The figures a stage's record carries, under `data_`."""
         return {f"data_{key}": float(value) for key, value in asdict(self).items() if value is not None}

@@ -7,6 +7,7 @@ It needs no reference model, so the SFT model a DPO stage starts from is scored 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,20 +69,37 @@ def completion_logprobs(
 
 
 @torch.no_grad()
-def preference_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 256) -> dict[str, float]:
-    """Held-out preference accuracy and mean chosen-minus-rejected log-probability margin."""
+def pair_logprobs(model: Any, tokenizer: Any, rows: Any, max_length: int = 256) -> PairLogprobs:
+    """The model's summed log-probability of each held-out pair's chosen and rejected reply, in one pass."""
     was_training = model.training
     model.eval()
     chosen = completion_logprobs(model, tokenizer, [(r.get("prompt"), r["chosen"]) for r in rows], max_length)
     rejected = completion_logprobs(
         model, tokenizer, [(r.get("prompt"), r["rejected"]) for r in rows], max_length
     )
-    margins = [c - r for c, r in zip(chosen, rejected, strict=True)]
     model.train(was_training)
-    return {
-        "preference_accuracy": sum(m > 0 for m in margins) / len(margins),
-        "preference_margin": sum(margins) / len(margins),
-    }
+    return PairLogprobs(chosen, rejected)
+
+
+@dataclass(frozen=True)
+class PairLogprobs:
+    """Summed log-probabilities of held-out pairs' chosen and rejected replies, pair by pair."""
+
+    chosen: list[float]
+    rejected: list[float]
+
+    def scores(self) -> dict[str, float]:
+        """Preference accuracy and the mean chosen-minus-rejected margin (a tie counts as wrong)."""
+        margins = [c - r for c, r in zip(self.chosen, self.rejected, strict=True)]
+        return {
+            "preference_accuracy": sum(m > 0 for m in margins) / len(margins),
+            "preference_margin": sum(margins) / len(margins),
+        }
+
+
+def preference_scores(model: Any, tokenizer: Any, rows: Any, max_length: int = 256) -> dict[str, float]:
+    """Held-out preference accuracy and mean chosen-minus-rejected log-probability margin."""
+    return pair_logprobs(model, tokenizer, rows, max_length).scores()
 
 
 @torch.no_grad()

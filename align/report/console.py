@@ -184,9 +184,33 @@ def format_outcomes(outcomes) -> str:
             f"{key}={outcome.metrics[key]:.4g}" for key in SHOWN_METRICS if key in outcome.metrics
         )
         lines.append(f"  {outcome.stage:<{width}} {outcome.status:<8} {outcome.seconds:7.1f}s  {shown}")
+        lines += time_line(outcome.metrics)
         lines += [f"    {outcome.metrics[key]}" for key in SAID_METRICS if key in outcome.metrics]
         lines += format_eval(outcome.metrics)  # an eval stage's table; nothing for the others
     return "\n".join(lines)
+
+
+def time_line(metrics: dict) -> list[str]:
+    """Where a trained stage's time went: its train loop (and steady step), then what align did around it
+    (training/PhaseClock): `    time: train 61.2s (7.4s/step), prepare 14.0s, held-out 9.1s, ...`."""
+    if "time_train_s" not in metrics:
+        return []
+    step = metrics.get("seconds_per_step_steady")
+    parts = [f"train {metrics['time_train_s']:.1f}s" + (f" ({step:.2g}s/step)" if step else "")]
+    for name, keys in TIMED_PARTS:
+        seconds = sum(metrics.get(key, 0.0) for key in keys)
+        if seconds >= 0.05:
+            parts.append(f"{name} {seconds:.1f}s")
+    return [f"    time: {', '.join(parts)}"]
+
+
+TIMED_PARTS = (
+    ("prepare", ("time_prepare_s",)),
+    ("held-out", ("time_measure_before_s", "time_measure_after_s")),
+    ("samples", ("time_samples_before_s", "time_samples_after_s")),
+    ("save", ("time_save_s",)),
+)
+"""What align does around a stage's train loop, as its summary's time line names it."""
 
 
 def format_progress(stage: str, entry: dict) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -45,6 +46,7 @@ class StageContext:
     services: dict[str, Any] = field(default_factory=dict)
     """A client per frozen model the plan places in an actor of its own, by role (`rewards[0]`,
     `reference`): align/stages/services.py says what each answers."""
+    started: float = field(default_factory=time.perf_counter)  # the rank took up the stage: its cost starts
 
     def __post_init__(self) -> None:
         if self.backend is None:

@@ -9,7 +9,10 @@ that the copy does not fit, log-probs precomputed from the policy before it trai
 
 from __future__ import annotations
 
-from align.measures.heldout import preference_scores
+from dataclasses import dataclass
+from typing import Any
+
+from align.measures.heldout import PairLogprobs, pair_logprobs
 from align.planning.placement import REFERENCE_ACTOR, REFERENCE_PRECOMPUTED
 from align.stages.context import StageContext, StageResult, frozen_reference
 from align.stages.preamble import preamble
@@ -23,38 +26,19 @@ def run(ctx: StageContext) -> StageResult:
 
     in_actor = ctx.plan.placement.reference == REFERENCE_ACTOR
     precompute = in_actor or ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    # TRL's own DPO metrics on the held-out pairs before training come from its start-of-training evaluation
     overrides = {"precompute_ref_log_probs": True} if precompute else None
-    start = preamble(ctx, overrides, padding_side="left", eval_on_start=True)
-    config, tokenizer, evaluation = start.config, start.tokenizer, start.evaluation
+    start = preamble(ctx, overrides, padding_side="left")
+    config, evaluation = start.config, start.evaluation
     waited = Waited()  # on the reference's actor, which precomputes every pair's log-probs
     trainer_class = with_remote_reference(DPOTrainer, ctx, waited) if in_actor else DPOTrainer
     # ref_model None: TRL disables the adapters, or precomputes (in the reference's actor, or from the policy)
     trainer = trainer_class(ref_model=frozen_reference(ctx), **start.trainer_kwargs())
-
-    def scores(phase: str) -> dict[str, float]:
-        """Two judgements of the held-out pairs: the policy's own log-probs (`preference_*`), and DPO's
-        implicit reward against the reference (`dpo_reward_*`, what TRL reports as rewards/accuracies and
-        rewards/margins; before training, when the policy is the reference, every pair ties: 0.5)."""
-        own = suffixed(
-            preference_scores(trainer.model, tokenizer, evaluation, config.max_length or 1024), phase
-        )
-        if phase == "before":
-            return own  # TRL's are logged by its evaluation at the start of train()
-        trainer.evaluate()  # TRL logs its DPO metrics rather than returning them
-        logged = [entry for entry in trainer.state.log_history if "eval_rewards/accuracies" in entry]
-        return {
-            **own,
-            **suffixed(against_reference(logged[0], before=True), "before"),
-            **suffixed(against_reference(logged[-1]), "after"),
-        }
-
-    measure = scores if evaluation is not None else no_measure
+    scores = HeldOutPairs(trainer, start.tokenizer, evaluation, config.max_length or 1024, config.beta)
     training = Training(
         trainer,
-        tokenizer,
+        start.tokenizer,
         start.output,
-        held_out=measure,
+        held_out=scores if evaluation is not None else no_measure,
         sample_prompts=start.sample_prompts(),
         run_metrics=waited.split if in_actor else dict,
         counts=start.counts,
@@ -62,16 +46,48 @@ def run(ctx: StageContext) -> StageResult:
     return train_stage(ctx, training)
 
 
-def against_reference(logged: dict[str, float], *, before: bool = False) -> dict[str, float]:
-    """DPO's implicit reward of chosen over rejected, from one of TRL's logged evaluations.
+@dataclass
+class HeldOutPairs:
+    """Two judgements of the held-out pairs from one pass of the policy per phase: its own log-probs
+    (`preference_*`), and DPO's implicit reward against the reference (`dpo_reward_*`, what TRL reports as
+    rewards/chosen, rejected, accuracies and margins).
 
-    TRL counts a pair as right only when chosen's reward is strictly above rejected's, so a tie counts as
-    wrong. Before training the policy is the reference (LoRA's B starts at zero; a full-parameter reference
-    is a copy): every implicit reward is 0 and every pair ties, which TRL reports as accuracy 0, read as
-    "learned from zero". Ties count half here, as in any win rate: 0.5, and `dpo_reward_ties` says so."""
-    accuracy = logged["eval_rewards/accuracies"]
-    found = {"dpo_reward_margin": logged["eval_rewards/margins"]}
-    sides = ("eval_rewards/chosen", "eval_rewards/rejected", "eval_rewards/margins")
-    if before and all(logged.get(key) == 0.0 for key in sides):  # the policy equals the reference
-        accuracy, found["dpo_reward_ties"] = 0.5, 1.0
-    return {"dpo_reward_accuracy": accuracy, **found}
+    The reference is the policy as training starts (LoRA's B is zero, a full-parameter reference is a copy of
+    the same weights), so the pass before training gives the reference's log-probs too: no evaluation by the
+    trainer, before or after, and no pass of the reference (TRL's evaluation at the start took 11.6 s of a
+    SmolLM2 stage and scored each pair with both models; docs/performance.md). Before training every implicit
+    reward is 0 and every pair ties: counted half, as in any win rate (TRL counts a tie as wrong, and its
+    accuracy 0 read as "learned from zero"); `dpo_reward_ties_before` says so."""
+
+    trainer: Any
+    tokenizer: Any
+    rows: Any
+    max_length: int
+    beta: float
+    reference: PairLogprobs | None = None
+
+    def __call__(self, phase: str) -> dict[str, float]:
+        policy = pair_logprobs(self.trainer.model, self.tokenizer, self.rows, self.max_length)
+        own = policy.scores()
+        if self.reference is None:  # before training: the policy is the reference
+            self.reference = policy
+        implicit = implicit_rewards(policy, self.reference, self.beta)
+        chosen_logprob = sum(policy.chosen) / len(policy.chosen)
+        return suffixed({**own, "chosen_logprob": chosen_logprob, **implicit}, phase)
+
+
+def implicit_rewards(policy: PairLogprobs, reference: PairLogprobs, beta: float) -> dict[str, float]:
+    """DPO's implicit rewards, beta x (policy - reference log-prob), averaged over the pairs: of chosen, of
+    rejected, their margin, and the share of pairs whose chosen reward is above rejected's (ties half)."""
+    chosen = [beta * (p - r) for p, r in zip(policy.chosen, reference.chosen, strict=True)]
+    rejected = [beta * (p - r) for p, r in zip(policy.rejected, reference.rejected, strict=True)]
+    margins = [c - r for c, r in zip(chosen, rejected, strict=True)]
+    count = len(margins)
+    found = {
+        "dpo_reward_chosen": sum(chosen) / count,
+        "dpo_reward_rejected": sum(rejected) / count,
+        "dpo_reward_margin": sum(margins) / count,
+        "dpo_reward_accuracy": sum(1.0 if m > 0 else 0.5 if m == 0 else 0.0 for m in margins) / count,
+    }
+    ties = sum(m == 0 for m in margins) / count
+    return {**found, "dpo_reward_ties": ties} if ties else found

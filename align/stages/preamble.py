@@ -19,8 +19,8 @@ from align.stages.context import (
     stage_data,
     stage_tokenizer,
 )
-from align.stages.prepared import counted_lengths, loss_settings, refuse_lost_rows
-from align.stages.progress import note_phase
+from align.stages.prepared import counted_lengths, cut_answers_note, loss_settings, refuse_lost_rows
+from align.stages.progress import add_note, note_phase
 from align.stages.samples import sample_prompts
 
 
@@ -42,7 +42,8 @@ class Preamble:
 
     def sample_prompts(self) -> list[Any]:
         """The held-out prompts greedily sampled before and after (training rows when none are held out)."""
-        return sample_prompts(self.evaluation if self.evaluation is not None else self.train)
+        rows = self.evaluation if self.evaluation is not None else self.train
+        return sample_prompts(rows, self.ctx.plan.stage.samples)
 
     def load_model(self, ctx: StageContext | None = None) -> Any:
         """The policy, loaded as the backend asks (4-bit for QLoRA), from `ctx`'s input (default: the
@@ -60,6 +61,8 @@ class Preamble:
         train = self.train if train is None else train
         lengths = counted_lengths(self.ctx, train, self.tokenizer, self.config)
         refuse_lost_rows(self.ctx.plan, lengths)
+        if (note := cut_answers_note(self.ctx.plan, lengths)) is not None:
+            add_note(self.ctx.output_dir / "logs", note)
         self.counts |= lengths.metrics() if lengths is not None else {}
         model = self.load_model() if model is None else model
         return {

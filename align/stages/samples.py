@@ -28,8 +28,10 @@ def row_prompt(row: dict[str, Any]) -> Any:
 
 def sample_prompts(rows: Any, count: int = SAMPLE_PROMPTS) -> list[Any]:
     """The first `count` distinct held-out prompts (held-out data may pair one prompt with several
-    replies), read from the first SCAN_ROWS rows."""
+    replies), read from the first SCAN_ROWS rows; none for a count of 0."""
     prompts: list[Any] = []
+    if count == 0:
+        return prompts
     for row in rows.select(range(min(SCAN_ROWS, len(rows)))):
         prompt = row_prompt(row)
         if prompt not in prompts:

@@ -8,13 +8,17 @@ the same order for every kind, so a new kind is a table row, its spec and a shor
 
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from align.stages.context import DTYPES, StageContext, StageResult, on_training_device
 from align.stages.export import publish
@@ -62,21 +66,30 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     model = training.model if training.model is not None else trainer.model
     sampler = training.sampler if training.sampler is not None else trainer.model
     prompts = training.sample_prompts
+    clock, steps = PhaseClock(ctx.started), StepClock()
+    clock.lap("prepare")  # data, tokenizer, model and trainer, since the rank took up the stage
+    trainer.add_callback(steps)
     hold_trainable(model, DTYPES[ctx.plan.trainable_dtype])
     ctx.backend.verify(model, ctx.plan)
     # ZeRO-2 moves the model only in train(): what is measured before training runs where the rest does
     on_training_device(ctx, sampler)
     metrics = dict(training.held_out("before"))
+    clock.lap("measure_before")
     completions_before = greedy_completions(sampler, training.tokenizer, prompts)
+    clock.lap("samples_before")
     before = trainable_checksums(model)
     resume = str(ctx.resume_from) if ctx.resume_from else trainer.args.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=resume)
+    clock.lap("train")
     metrics.update(training.held_out("after"))
+    clock.lap("measure_after")
     completions_after = greedy_completions(sampler, training.tokenizer, prompts)
+    clock.lap("samples_after")
     metrics["trainable_changed"] = changed_share(model, before)
     # proof of the placement: 1 when the trainer holds a separate frozen reference model
     metrics["reference_copy_loaded"] = float(getattr(trainer, "ref_model", None) is not None)
     metrics.update(step_seconds(trainer))
+    metrics.update(steps.steady())
     metrics.update(training.run_metrics())
     metrics.update(training.counts)
     folder = ctx.output_dir / training.output
@@ -90,8 +103,40 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
         history = write_log_history(trainer, ctx.output_dir)
         for key, name in training.curves:
             metrics.update(curve_ends(history, key, name))
+    clock.lap("save")
+    metrics.update(clock.seconds)
     samples = paired(prompts, completions_before, completions_after)
     return StageResult(training.output, metrics, trainer.state.global_step, samples)
+
+
+@dataclass
+class PhaseClock:
+    """Seconds each part of a stage took, recorded as `time_<part>_s`: what align does around TRL's train
+    loop (preparing, the held-out measures, samples, saving) is priced in the record, not guessed."""
+
+    last: float
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self.seconds[f"time_{part}_s"] = now - self.last
+        self.last = now
+
+
+class StepClock(TrainerCallback):
+    """The wall time of each optimizer step. The first step also warms up (allocations, lazy inits), and an
+    evaluation at the start runs before it: their median without it is the step a user times."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def steady(self) -> dict[str, float]:
+        """`seconds_per_step_steady`, once two steps after the first have ended."""
+        laps = [later - earlier for earlier, later in itertools.pairwise(self.ends)]
+        return {"seconds_per_step_steady": statistics.median(laps)} if len(laps) >= 2 else {}
 
 
 @torch.no_grad()
