@@ -52,6 +52,7 @@ KINDS = {
     ),
 }
 PROJECTED_STEPS = 100
+HELD_OUT = 32  # rows align measures before and after, as the recipes' stages do
 ALIGN_PARTS = ("prepare", "measure_before", "samples_before", "measure_after", "samples_after", "save")
 
 
@@ -64,14 +65,27 @@ def timed(command: list[str], cwd: Path) -> tuple[float, str]:
     return elapsed, done.stdout
 
 
+def split(kind: str) -> tuple[Path, Path]:
+    """The kind's rows as a training file and a held-out file of the last HELD_OUT rows, written once: both
+    sides train on the same file, so with one seed they draw the same batches, step for step."""
+    folder = Path(tempfile.gettempdir()) / "align-bench-real-data" / kind
+    train, held_out = folder / "train.jsonl", folder / "held_out.jsonl"
+    if not train.exists():
+        rows = (ROOT / KINDS[kind][0]).read_text().splitlines(keepends=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        held_out.write_text("".join(rows[-HELD_OUT:]))
+        train.write_text("".join(rows[:-HELD_OUT]))
+    return train, held_out
+
+
 def align_run(kind: str, steps: int) -> dict[str, float]:
     """One `align run` of a one-stage pipeline; its wall time and the stage record's figures."""
-    data, trl = KINDS[kind]
+    train, held_out = split(kind)
     stage = {
         "kind": kind,
-        "data": {"train": str(ROOT / data)},
+        "data": {"train": str(train), "eval": str(held_out)},
         "lora": LORA,
-        "trl": {**trl, "max_steps": steps},
+        "trl": {**KINDS[kind][1], "max_steps": steps},
     }
     stage["trl"]["save_strategy"] = "no"
     if kind == "grpo":
@@ -95,10 +109,9 @@ def align_run(kind: str, steps: int) -> dict[str, float]:
 
 
 def plain_run(kind: str, steps: int, model: str) -> dict[str, float]:
-    data, trl = KINDS[kind]
     folder = Path(tempfile.mkdtemp(prefix=f"align-bench-plain-{kind}-"))
-    settings = {**trl, "max_steps": steps, "save_strategy": "no"}
-    command = [sys.executable, str(ROOT / "bench" / "plain_trl.py"), kind, model, str(ROOT / data)]
+    settings = {**KINDS[kind][1], "max_steps": steps, "save_strategy": "no"}
+    command = [sys.executable, str(ROOT / "bench" / "plain_trl.py"), kind, model, str(split(kind)[0])]
     command += [str(folder / "out"), "--trl", json.dumps(settings), "--lora", json.dumps(LORA)]
     wall, out = timed(command, folder)
     found = json.loads(out.strip().splitlines()[-1])
@@ -119,7 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2, help="alternating runs of each side per kind")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
-    parser.add_argument("--steps", type=json.loads, default={"sft": 10, "dpo": 6, "grpo": 4})
+    parser.add_argument("--steps", type=json.loads, default={"sft": 12, "dpo": 8, "grpo": 5})
     args = parser.parse_args()
     from align.models.loading import resolve_model
 
