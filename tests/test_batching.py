@@ -32,7 +32,12 @@ def pipeline(folder: Path, data: str, **trl) -> Path:
         "stages": {
             "sft": {
                 "kind": "sft",
-                "data": {"train": data, "max_train_rows": 88, "max_emptied_share": 1.0},
+                "data": {
+                    "train": data,
+                    "max_train_rows": 88,
+                    "max_emptied_share": 1.0,  # rows cut from either end, on purpose
+                    "max_cut_answers_share": 1.0,
+                },
                 "trl": {
                     "max_steps": 5,
                     "logging_steps": 1,

@@ -8,6 +8,7 @@ and a failed stage kept aside with its record.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from align.errors import AlignError, Interrupted, StageFailed
+from align.models.loading import resolve_model
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import ModelInput, build
@@ -53,6 +55,7 @@ def pipeline(tmp_path: Path) -> Path:
     """sft (LoRA) -> dpo -> merge, and a reward model read by a ppo stage, on a local base folder."""
     base = tmp_path / "base"
     base.mkdir()
+    shutil.copy(Path(resolve_model("tiny")) / "config.json", base)  # a model folder, never loaded
     (tmp_path / "sft.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
     (tmp_path / "prefs.jsonl").write_text(json.dumps(PREFS) + "\n")
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "Hi"}) + "\n")

@@ -69,17 +69,6 @@ def test_the_summary_table_says_each_figure_with_its_interval_and_the_baseline()
     assert lines[-1].split() == ["dpo", "toy", "exact_match", "0.5"]
 
 
-def test_dpo_reward_accuracy_before_training_counts_ties_half() -> None:
-    from align.stages.dpo import against_reference
-
-    tied = {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0}
-    before = against_reference({**tied, "eval_rewards/accuracies": 0.0}, before=True)
-    assert before == {"dpo_reward_accuracy": 0.5, "dpo_reward_margin": 0.0, "dpo_reward_ties": 1.0}
-    trained = {"eval_rewards/chosen": 0.2, "eval_rewards/rejected": -0.1, "eval_rewards/margins": 0.3}
-    after = against_reference({**trained, "eval_rewards/accuracies": 0.9})
-    assert after == {"dpo_reward_accuracy": 0.9, "dpo_reward_margin": 0.3}
-
-
 def test_a_metric_measured_before_and_after_only_is_two_markers_not_a_line() -> None:
     from align.report.plots import series_style
 

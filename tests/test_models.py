@@ -159,6 +159,7 @@ def test_concurrent_builds_from_two_processes_give_one_folder(monkeypatch, tmp_p
 
 def test_resolve_model_local_folder_and_hub_id(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
     assert resolve_model("my-model") == str(tmp_path / "my-model")
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

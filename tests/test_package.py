@@ -13,8 +13,8 @@ from align.pipeline.file import load, resolved
 from align.run.package import build
 
 
-def rows(path: Path, count: int) -> Path:
-    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+def rows(path: Path, count: int, greeting: str = "Hi") -> Path:
+    turns = [{"role": "user", "content": greeting}, {"role": "assistant", "content": "Hello!"}]
     path.write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(count)))
     return path
 
@@ -27,7 +27,7 @@ def pipeline_file(folder: Path) -> Path:
         "def short(completions, **_):\n    return [1.0 for _ in completions]\n"
     )
     rows(folder / "small.jsonl", 10)
-    rows(folder / "large.jsonl", 2000)
+    rows(folder / "large.jsonl", 2000, greeting="Bye")  # held out: rows the small file never trains on
     body = {
         "name": "packed",
         "base_model": "tiny",

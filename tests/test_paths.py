@@ -19,6 +19,7 @@ from align.pipeline.file import load, resolve_paths
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"prompt": "What is 2 + 2?"}
 PAIR = {"prompt": "Hi", "chosen": "Hello!", "rejected": "Go away."}
+HELD_OUT_PAIR = {"prompt": "Bye", "chosen": "See you!", "rejected": "Finally."}  # never trained on
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -37,7 +38,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """`project/pipes/` holds a pipeline's data, models and DeepSpeed JSON; the test runs in `elsewhere/`."""
     pipes = tmp_path / "project" / "pipes"
     write_jsonl(pipes / "data" / "prefs.jsonl", [PAIR])
-    write_jsonl(tmp_path / "project" / "shared" / "eval.jsonl", [PAIR])
+    write_jsonl(tmp_path / "project" / "shared" / "eval.jsonl", [HELD_OUT_PAIR])
     write_jsonl(pipes / "data" / "prompts.jsonl", [PROMPTS])
     model_folder(pipes / "models" / "base")
     model_folder(pipes / "models" / "judge")

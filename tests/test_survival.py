@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from align.errors import AlignError, Interrupted, StageFailed
+from align.models.loading import resolve_model
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import build
@@ -59,6 +61,7 @@ class Script:
 def pipeline(tmp_path: Path) -> Path:
     base = tmp_path / "base"
     base.mkdir()
+    shutil.copy(Path(resolve_model("tiny")) / "config.json", base)  # a model folder, never loaded
     (tmp_path / "sft.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
     body = {
         "name": "survive",

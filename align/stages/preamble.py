@@ -109,8 +109,8 @@ def preamble(
     note_phase(logs, "loading the data")
     rows = loaded_rows(ctx)
     train, evaluation = stage_data(ctx, rows)
-    if (unused := rows.unused_note()) is not None:  # said at the start, in the worker's log and the record
-        print(f"{ctx.plan.where}.data.train: {unused}", flush=True)
+    if (unused := rows.unused_note()) is not None:  # said on the run's console as it starts, and recorded
+        add_note(logs, f"{ctx.plan.where}.data.train: {unused}")
     note_phase(logs, f"preparing {len(train):,} training rows and the model")
     tokenizer = stage_tokenizer(ctx, padding_side=padding_side)
     overrides = {
