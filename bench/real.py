@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +24,10 @@ from pathlib import Path
 
 import yaml
 from alternate import alternating
+from overhead import timed
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
 COMMON = {"per_device_train_batch_size": 8, "gradient_checkpointing": False, "logging_steps": 1}
 KINDS = {
@@ -54,15 +53,6 @@ KINDS = {
 PROJECTED_STEPS = 100
 HELD_OUT = 32  # rows align measures before and after, as the recipes' stages do
 ALIGN_PARTS = ("prepare", "measure_before", "samples_before", "measure_after", "samples_after", "save")
-
-
-def timed(command: list[str], cwd: Path) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return elapsed, done.stdout
 
 
 def split(kind: str) -> tuple[Path, Path]:
