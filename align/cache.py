@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def cache_root() -> Path:
@@ -62,6 +64,22 @@ def write_atomically(path: Path, text: str) -> None:
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     scratch.write_text(text, encoding="utf-8")
     os.replace(scratch, path)
+
+
+def cached_json(folder: str, key: str, compute: Callable[[], Any]) -> Any:
+    """`compute()`'s answer (JSON data), kept in align's cache as `folder/key.json` and read back while it is
+    there; a cache that cannot be written only makes the next call compute again."""
+    entry = cache_root() / folder / f"{key}.json"
+    try:
+        return json.loads(entry.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    found = compute()
+    try:
+        write_atomically(entry, json.dumps(found, default=str))
+    except OSError:
+        pass
+    return found
 
 
 def is_dir(path: Path) -> bool:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from align.cache import cache_root, write_atomically
+from align.cache import cached_json
 from align.data.corpora import BUILTIN_PREFIX, builtin_path
 from align.data.hub import HUB_PREFIX
 from align.data.loading import NO_EVAL, locate
@@ -74,17 +74,7 @@ def counted(train: list[tuple[Path, dict[str, str]]], held: Path, columns: dict[
     file."""
     files = [identity(path) for path, _ in train], identity(held)
     key = digest({"train": files[0], "renames": [r for _, r in train], "eval": files[1], "columns": columns})
-    entry = cache_root() / "data-overlaps" / f"{key}.json"
-    try:
-        return json.loads(entry.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
-    found = shared_rows(train, held, columns)
-    try:
-        write_atomically(entry, json.dumps(found))
-    except OSError:
-        pass  # a cache that cannot be written only makes the next validate slower
-    return found
+    return cached_json("data-overlaps", key, lambda: shared_rows(train, held, columns))
 
 
 def same_file(first: Path, second: Path) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from align.cache import cache_root, write_atomically
+from align.cache import cached_json
 from align.data.corpora import BUILTIN_PREFIX
 from align.data.loading import HUB_PREFIX, locate
 from align.data.rows import row_source
@@ -69,18 +69,13 @@ def template_coverage(
         return None
     renames, extra = columns or {}, variables or {}
     key = digest([ref, files, renames, template, source, extra, COVERAGE_FORMAT])
-    entry = cache_root() / "template-checks" / f"{key}.json"
-    try:
-        cached = json.loads(entry.read_text(encoding="utf-8"))
-        return Dropped(**cached) if cached else None
-    except (OSError, ValueError, TypeError):
-        pass
-    found = judge(path, ref, renames, template, source, extra)
-    try:
-        write_atomically(entry, json.dumps(found.__dict__ if found else None))
-    except OSError:
-        pass  # a cache that cannot be written only makes the next validate slower
-    return found
+
+    def judged() -> dict[str, Any] | None:
+        found = judge(path, ref, renames, template, source, extra)
+        return found.__dict__ if found else None
+
+    cached = cached_json("template-checks", key, judged)
+    return Dropped(**cached) if cached else None
 
 
 def judge(

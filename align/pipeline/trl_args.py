@@ -14,14 +14,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import json
 import tempfile
 import typing
 import warnings
 from functools import cache
 from typing import Any
 
-from align.cache import cache_root, write_atomically
+from align.cache import cached_json
 from align.config.spec import KINDS
 from align.config.strict import takes_a_number
 from align.config.validation import suggestion
@@ -153,14 +152,7 @@ def checked(kind: str, block: dict[str, Any]) -> dict[str, Any]:
     under the same TRL and transformers before; else computed (importing TRL) and cached."""
     versions = {name: importlib.metadata.version(name) for name in ("trl", "transformers")}
     key = digest({"kind": kind, "block": block, "versions": versions, "format": CHECK_FORMAT})
-    path = cache_root() / "trl-checks" / f"{key}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
-    result = check_block(kind, block)
-    write_atomically(path, json.dumps(result, default=str))
-    return result
+    return cached_json("trl-checks", key, lambda: check_block(kind, block))
 
 
 def check_block(kind: str, block: dict[str, Any]) -> dict[str, Any]:
