@@ -200,7 +200,7 @@ def cli_page() -> str:
     lines = [
         "# Command-line reference",
         "",
-        GENERATED.format(source="`align/cli.py`"),
+        GENERATED.format(source="`align/cli/`"),
         "",
         f"{top.description} Exit codes: 0 done; {EXIT_USER_ERROR} a problem with the file, its data or the "
         "command line, in one message and no traceback; 1 a stage that failed; 130 (Ctrl-C) or 143 "
