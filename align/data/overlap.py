@@ -19,8 +19,9 @@ from align.cache import cached_json
 from align.data.corpora import BUILTIN_PREFIX, builtin_path
 from align.data.hub import HUB_PREFIX
 from align.data.loading import NO_EVAL, locate
+from align.data.row_checks import EXAMPLES
 from align.data.rows import row_source
-from align.data.scan import EXAMPLES, identity, progress_bar
+from align.data.scan import identity, progress_bar
 from align.data.shapes import Normalizer, RowProblem
 from align.errors import DataError, Problem
 from align.fingerprint import digest

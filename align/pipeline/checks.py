@@ -15,7 +15,8 @@ from align.cache import is_dir, link_loop
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
 from align.data.loading import split_ref
 from align.data.overlap import held_out_problems
-from align.data.scan import check_data, columns_problem, first_row, is_message
+from align.data.row_checks import is_message
+from align.data.scan import check_data, columns_problem, first_row
 from align.data.shapes import Normalizer
 from align.data.sources import absent_hub_data, data_refs, mixture_problems
 from align.errors import Problem

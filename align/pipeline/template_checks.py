@@ -10,7 +10,8 @@ from pathlib import Path
 
 from align.cache import is_dir
 from align.config.spec import Pipeline, TrainingStage
-from align.data.scan import first_row, is_message
+from align.data.row_checks import is_message
+from align.data.scan import first_row
 from align.data.shapes import Normalizer, RowProblem
 from align.data.sources import data_refs
 from align.data.template_coverage import template_coverage
