@@ -1,5 +1,5 @@
-"""Rewards for the RL stages: the YAML shape of one reward, the shipped verifiable functions, and the
-guard that makes a failing function fail its stage with its name.
+"""Rewards for the RL stages: the shipped verifiable functions, and the guard that makes a failing function
+fail its stage with its name (the YAML shape of one reward is align/config/reward.py's `RewardSpec`).
 
 TRL calls a reward function with `prompts`, `completions` (strings, or lists of messages for
 conversational prompts), `completion_ids`, every extra dataset column, and some trainer state, all as
@@ -18,62 +18,13 @@ import re
 import sys
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from align.errors import AlignError
 
 
 class RewardError(AlignError):
     """A reward function that cannot be loaded, or that failed or misbehaved on a batch."""
-
-
-WITH_POLICY = "with_policy"
-ACTOR = "actor"
-
-
-class ServiceResources(BaseModel):
-    """What a frozen model placed in its own Ray actor (`placement: actor`: a reward model, a reference)
-    asks Ray for. Defaults: on an embedded Ray, where the ranks already share this machine's cores, no CPU
-    of its own (0, so it can start at all); on a cluster 1 CPU; and 1 GPU where the plan has GPUs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cpus: float | None = Field(default=None, ge=0)
-    gpus: float | None = Field(default=None, ge=0)
-    wait_s: float = Field(default=600.0, gt=0)  # for it to start and load its model, then one clear line
-
-
-class RewardSpec(BaseModel):
-    """One reward of a grpo/rloo stage: a shipped function, a function of your own, or a reward model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    function: str | None = None  # a shipped short name, or a dotted path (needs allow_custom_code)
-    model: str | None = None  # ${stages.NAME.output} of a reward stage, or a reward model folder
-    args: dict[str, Any] = {}
-    weight: float = 1.0
-    placement: Literal["with_policy", "actor"] = Field(default=WITH_POLICY, exclude=True)
-    """A reward model's: on every training rank (`with_policy`), or in a Ray actor of its own (`actor`)
-    that the ranks send texts to. Where it runs does not change what it computes: left out of the
-    stage's fingerprint, as `resources:` is."""
-    resources: ServiceResources | None = Field(default=None, exclude=True)
-
-    @model_validator(mode="after")
-    def one_source(self) -> RewardSpec:
-        if (self.function is None) == (self.model is None):
-            raise ValueError("give exactly one of `function` (a reward function) or `model` (a reward model)")
-        if self.model is not None and self.args:
-            raise ValueError("`args` are a reward function's settings; a reward model takes none")
-        if self.function is not None and (self.placement == ACTOR or self.resources is not None):
-            raise ValueError(
-                "`placement: actor` and `resources` place a reward *model* in a Ray actor of its own; a "
-                "function runs on each training rank: remove them"
-            )
-        if self.resources is not None and self.placement != ACTOR:
-            raise ValueError("`resources` are for a reward model in its own actor: add `placement: actor`")
-        return self
 
 
 def completion_text(completion: Any) -> str:

@@ -9,6 +9,7 @@ else the docstring of the block it holds. Nothing here imports torch or TRL.
 from __future__ import annotations
 
 import ast
+import enum
 import inspect
 import io
 import json
@@ -142,6 +143,8 @@ def type_words(annotation: Any, link: typing.Callable[[type[BaseModel]], str]) -
         return inner, allowed + constraint_words(list(args[1:]))
     if origin is Literal:
         return "string" if all(isinstance(a, str) for a in args) else "value", [f"`{a}`" for a in args]
+    if isinstance(annotation, type) and issubclass(annotation, enum.StrEnum):  # written as its values
+        return "string", [f"`{member}`" for member in annotation]
     if origin in (typing.Union, types.UnionType):
         parts = [type_words(arg, link) for arg in args]
         names = list(dict.fromkeys(name for name, _ in parts))

@@ -23,10 +23,10 @@ from pydantic import (
 from align.config.data_settings import DataSpec
 from align.config.eval_settings import EvalDataSpec, GenerationSpec, LmEvalSpec
 from align.config.placement import ReferenceSpec
+from align.config.reward import RewardSpec
 from align.config.strict import Strict
 from align.config.teacher import TeacherSpec
 from align.errors import Problem
-from align.rewards import RewardSpec
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
 VARIANT_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*(\[[^\]]+\])?$"

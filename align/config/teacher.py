@@ -4,19 +4,19 @@ placement (`teacher: {model: ..., placement: actor}`, which validate refuses wit
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from align.config.strict import Strict
-from align.rewards import ACTOR, WITH_POLICY
+from align.models.placement import Placement
 
 
 class TeacherSpec(Strict):
     """The teacher: a stage's output (`${stages.X.output}`), a model folder, a builtin or a hub id."""
 
     model: str
-    placement: Literal["with_policy", "actor"] = Field(default=WITH_POLICY, exclude=True)
+    placement: Placement = Field(default=Placement.WITH_POLICY, exclude=True)
     """Where it runs changes nothing it computes, so it is left out of the stage's fingerprint."""
 
     @model_validator(mode="before")
@@ -27,4 +27,4 @@ class TeacherSpec(Strict):
 
     @property
     def as_actor(self) -> bool:
-        return self.placement == ACTOR
+        return self.placement == Placement.ACTOR

@@ -29,10 +29,13 @@ import re
 from dataclasses import dataclass, fields, replace
 
 from align.models.architectures import ALL_LINEAR, Architecture
+from align.models.placement import Held, Placement
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BACKENDS = ("ddp", "zero2", "fsdp")
-PLACEMENTS = ("with_policy", "replicated", "sharded", "cpu")
+PLACEMENTS = (Placement.WITH_POLICY, *Held)
+SHARDS_FROZEN = ("fsdp",)
+"""The backends that shard a frozen copy beside the policy, as each declares (`Backend.frozen_sharded`)."""
 USABLE_FRACTION = 0.9
 """Share of device memory a plan may fill: the CUDA context, allocator fragmentation and
 communication buckets take the rest."""
@@ -51,22 +54,25 @@ _MEMORY_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECAS
 class FrozenModel:
     """A model used only for inference while another trains: a DPO reference, a PPO reward or value.
 
-    placement: "with_policy" shards it under fsdp and replicates it otherwise (as TRL prepares a
-    reference); "replicated" and "sharded" force either; "cpu" costs no device bytes.
+    placement: `with_policy` shards it under fsdp and replicates it otherwise (as TRL prepares a
+    reference); `replicated` and `sharded` force either; `cpu` costs no device bytes. A model in an actor
+    of its own is in no rank's memory: it is not a FrozenModel of the ranks.
     """
 
     role: str
     param_count: int
     dtype: str = "bf16"
-    placement: str = "with_policy"
+    placement: Placement | Held = Placement.WITH_POLICY
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"frozen {self.role} dtype {self.dtype!r}: use one of {list(DTYPE_BYTES)}")
         if self.placement not in PLACEMENTS:
             raise ValueError(
-                f"frozen {self.role} placement {self.placement!r}: use one of {list(PLACEMENTS)}"
+                f"frozen {self.role} placement {self.placement!r}: use one of {[str(p) for p in PLACEMENTS]}"
             )
+        held = Placement.WITH_POLICY if self.placement == Placement.WITH_POLICY else Held(self.placement)
+        object.__setattr__(self, "placement", held)
 
 
 @dataclass(frozen=True)
@@ -325,12 +331,12 @@ def _zero2(
 def _frozen_model_bytes(frozen: FrozenModel, backend: str, n: int) -> tuple[int, int]:
     """(device, host) bytes per rank of a model held for inference."""
     size = frozen.param_count * DTYPE_BYTES[frozen.dtype]
-    placement = frozen.placement
-    if placement == "with_policy":
-        placement = "sharded" if backend == "fsdp" else "replicated"
-    if placement == "cpu":
+    held = frozen.placement
+    if held == Placement.WITH_POLICY:
+        held = Held.SHARDED if backend in SHARDS_FROZEN else Held.REPLICATED
+    if held == Held.CPU:
         return 0, size
-    return (_shard(size, n) if placement == "sharded" else size), 0
+    return (_shard(size, n) if held == Held.SHARDED else size), 0
 
 
 def describe_workload(model: Architecture | int, workload: Workload) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from align.config.placement import ACTOR_REFERENCE_KINDS, ACTOR_REWARD_KINDS
 from align.config.spec import EvalStage, Pipeline, StageBase, TrainingStage
 from align.errors import Problem
-from align.rewards import ACTOR
+from align.models.placement import Placement
 
 
 def placement_problems(pipeline: Pipeline) -> list[Problem]:
@@ -56,5 +56,5 @@ def reward_placement_problems(where: str, stage: StageBase) -> list[Problem]:
             f"{', '.join(ACTOR_REWARD_KINDS)} place one in an actor: remove `placement`",
         )
         for index, reward in enumerate(rewards)
-        if reward.placement == ACTOR
+        if reward.placement == Placement.ACTOR
     ]

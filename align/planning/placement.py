@@ -1,15 +1,16 @@
 """Where each model of a stage lives (policy, reference, reward models, value), decided per backend.
 
 This is the one place that decides it: `align plan` prints it, the memory plan counts it, and the
-stage runners follow it by reading `Placement`'s fields instead of testing the backend.
+stage runners follow it by reading `Placement`'s fields instead of testing the backend. How each role is
+held per backend is align/models/placement.py's table (`held`), read here once per stage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from align.backends import Backend
-from align.config.placement import ACTOR
 from align.config.spec import (
     KINDS,
     DistillStage,
@@ -20,28 +21,43 @@ from align.config.spec import (
     TrainingStage,
 )
 from align.models.memory import FrozenModel
+from align.models.placement import Held, Role, held
+from align.models.placement import Placement as Where
 from align.pipeline.graph import reference_target
 from align.pipeline.trl_args import trl_setting
 from align.planning.services import Service
 
-REFERENCE_NONE = "none"
-REFERENCE_ADAPTERS_DISABLED = "adapters-disabled"
-REFERENCE_COPY = "frozen-copy"
-REFERENCE_PRECOMPUTED = "precomputed"
-REFERENCE_ACTOR = "actor"  # a frozen copy in a Ray actor of its own, called by the ranks
 
-REWARD_MODELS_NONE = "none"  # no `model:` among the rewards: functions cost no model memory
-REWARD_MODELS_REPLICATED = "replicated"
-REWARD_MODELS_SHARDED = "sharded"
+class Reference(StrEnum):
+    """What a stage's reference is: how its log-probs are had."""
 
-TEACHER_NONE = "none"
-TEACHER_WITH_POLICY = "with-policy"  # a distill stage's teacher, frozen beside the student on every rank
+    NONE = "none"  # the stage uses none
+    ADAPTERS_DISABLED = "adapters-disabled"  # LoRA: the policy's base with its adapters off, no copy
+    COPY = "frozen-copy"  # a frozen copy on the ranks, held as `held(Role.REFERENCE, ...)` says
+    PRECOMPUTED = "precomputed"  # log-probs from the policy before its first step, no copy
+    ACTOR = "actor"  # a frozen copy in a Ray actor of its own, called by the ranks
+
+
+REFERENCE_NONE = Reference.NONE
+REFERENCE_ADAPTERS_DISABLED = Reference.ADAPTERS_DISABLED
+REFERENCE_COPY = Reference.COPY
+REFERENCE_PRECOMPUTED = Reference.PRECOMPUTED
+REFERENCE_ACTOR = Reference.ACTOR
+
+REWARD_MODELS_NONE = None  # no `model:` among the rewards on the ranks: functions cost no model memory
+REWARD_MODELS_REPLICATED = Held.REPLICATED
+REWARD_MODELS_SHARDED = Held.SHARDED
+
+TEACHER_NONE = None
+TEACHER_WITH_POLICY = Where.WITH_POLICY  # a distill stage's teacher, frozen beside the student on every rank
 
 VALUE_NONE = "none"
 VALUE_HEAD = "head"
 VALUE_ADAPTER = "adapter"
 
 REPLICATED = "replicated on every rank"
+HELD_WORDS = {Held.REPLICATED: REPLICATED, Held.SHARDED: "sharded like the policy"}
+"""How `align plan` says a frozen model on the ranks is held."""
 
 VALUE_DESCRIPTIONS = {
     VALUE_HEAD: "a value head (hidden -> 1) on the policy's own trunk, trained with the policy: "
@@ -55,28 +71,29 @@ VALUE_DESCRIPTIONS = {
 class Placement:
     """For each model role, how it is held: runners act on the fields, people read `description`.
 
-    reference: REFERENCE_*, the DPO reference or the KL reference of PPO/GRPO/RLOO.
-    reward_models: REWARD_MODELS_*, how every `rewards[i].model` on the ranks is held, each frozen.
+    reference: the DPO reference or the KL reference of PPO/GRPO/RLOO.
+    reward_models: how every `rewards[i].model` on the ranks is held, each frozen; None: none on them.
     value: VALUE_*, the PPO critic (`value:` of the stage).
-    teacher: TEACHER_*, a distill stage's teacher: held like a reference copy (sharded under fsdp).
+    teacher: a distill stage's teacher, `with_policy` (held like a reference copy, sharded under fsdp);
+    None: no teacher.
     actor_rewards: the indices in `rewards:` of the reward models in Ray actors of their own.
     services: each frozen model in an actor of its own, with what it asks Ray for (filled in by the plan).
     """
 
     policy: str
-    reference: str
+    reference: Reference
     description: dict[str, str]
-    reward_models: str = REWARD_MODELS_NONE
+    reward_models: Held | None = REWARD_MODELS_NONE
     value: str = VALUE_NONE
-    teacher: str = TEACHER_NONE
+    teacher: Where | None = TEACHER_NONE
     actor_rewards: tuple[int, ...] = ()
     services: tuple[Service, ...] = ()
 
 
-def frozen_held(backend: Backend) -> str:
-    """How a frozen model (a reference copy, a reward model) is held alongside the policy, as TRL prepares
-    a reference: DeepSpeed below stage 3 and DDP keep it whole, FSDP shards it."""
-    return "sharded like the policy" if backend.frozen_sharded else REPLICATED
+def frozen_held(backend: Backend, role: Role = Role.REFERENCE, kind: str = "") -> str:
+    """How a frozen model (a reference copy, a reward model) is held alongside the policy, in words, as the
+    table says: as TRL prepares a reference, DeepSpeed below stage 3 and DDP keep it whole, FSDP shards it."""
+    return HELD_WORDS[held(role, backend.frozen_sharded, kind)]
 
 
 def policy_placement(backend: Backend, lora: bool, quantize_4bit: bool) -> str:
@@ -114,7 +131,7 @@ def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False)
     reward_models, actors = REWARD_MODELS_NONE, ()
     if isinstance(stage, RewardedStage):
         reward_models, description["rewards"] = reward_placement(stage, backend)
-        actors = tuple(index for index, reward in enumerate(stage.rewards) if reward.placement == ACTOR)
+        actors = tuple(index for index, reward in enumerate(stage.rewards) if reward.as_actor)
     value = VALUE_NONE
     if isinstance(stage, PPOStage):
         value = stage.value
@@ -124,8 +141,9 @@ def plan_placement(stage: StageBase, backend: Backend, precompute: bool = False)
         teacher = TEACHER_WITH_POLICY
         target = reference_target(stage.teacher.model)
         source = f"stage {target}'s output" if target else stage.teacher.model
+        where = frozen_held(backend, Role.TEACHER, stage.kind)
         description["teacher"] = (
-            f"{source}, frozen, in the compute dtype, {frozen_held(backend)} (per rank: the `teacher` row)"
+            f"{source}, frozen, in the compute dtype, {where} (per rank: the `teacher` row)"
         )
     return Placement(policy, reference, description, reward_models, value, teacher, actors)
 
@@ -136,8 +154,8 @@ def uses_reference(stage: StageBase) -> bool:
     return rule == "always" or (rule == "with_kl" and trl_setting(stage.kind, stage.trl, "beta") > 0)
 
 
-def reference_placement(backend: Backend, lora: bool, precompute: bool) -> tuple[str, str]:
-    """(REFERENCE_*, in words) for a stage that uses a reference."""
+def reference_placement(backend: Backend, lora: bool, precompute: bool) -> tuple[Reference, str]:
+    """(what the reference is, in words) for a stage that uses a reference."""
     if lora:
         return REFERENCE_ADAPTERS_DISABLED, "the policy's base with adapters disabled (no copy)"
     if precompute and not backend.frozen_sharded:
@@ -145,23 +163,21 @@ def reference_placement(backend: Backend, lora: bool, precompute: bool) -> tuple
     return REFERENCE_COPY, f"frozen copy, {frozen_held(backend)}"
 
 
-def reward_placement(stage: RewardedStage, backend: Backend) -> tuple[str, str]:
-    """(REWARD_MODELS_*, each reward in words). align's PPO holds reward models like a reference copy
-    (sharded under fsdp); GRPO/RLOO score inside TRL's loop, one rank at a time, so each rank keeps its
-    reward models whole."""
-    placed_with_policy = stage.kind == "ppo"
-    held = frozen_held(backend) if placed_with_policy else REPLICATED
+def reward_placement(stage: RewardedStage, backend: Backend) -> tuple[Held | None, str]:
+    """(how the reward models on the ranks are held, each reward in words), as the table says: align's PPO
+    holds reward models like a reference copy (sharded under fsdp); GRPO/RLOO score inside TRL's loop, one
+    rank at a time, so each rank keeps its reward models whole."""
+    on_ranks = held(Role.REWARD, backend.frozen_sharded, stage.kind)
     words = [
         f"rewards[{index}] {reward.model}: frozen reward model, "
-        + ("in a Ray actor of its own" if reward.placement == ACTOR else held)
+        + ("in a Ray actor of its own" if reward.as_actor else HELD_WORDS[on_ranks])
         if reward.model is not None
         else f"rewards[{index}] {reward.function}: a function (no model memory)"
         for index, reward in enumerate(stage.rewards)
     ]
-    if all(reward.model is None or reward.placement == ACTOR for reward in stage.rewards):
+    if all(reward.model is None or reward.as_actor for reward in stage.rewards):
         return REWARD_MODELS_NONE, "; ".join(words)
-    sharded = placed_with_policy and backend.frozen_sharded
-    return (REWARD_MODELS_SHARDED if sharded else REWARD_MODELS_REPLICATED), "; ".join(words)
+    return on_ranks, "; ".join(words)
 
 
 def frozen_models(
@@ -180,9 +196,9 @@ def frozen_models(
     """
     copy = placement.reference == REFERENCE_COPY
     reference = (FrozenModel("reference", param_count, dtype),) if copy else ()
-    held = "sharded" if placement.reward_models == REWARD_MODELS_SHARDED else "replicated"
+    on_ranks = placement.reward_models or Held.REPLICATED
     counts = [(i, n) for i, n in (reward_params or {}).items() if i not in placement.actor_rewards]
-    rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype, placement=held) for i, count in counts)
+    rewards = tuple(FrozenModel(f"rewards[{i}]", count, dtype, placement=on_ranks) for i, count in counts)
     with_teacher = placement.teacher == TEACHER_WITH_POLICY and teacher_params
     teacher = (FrozenModel("teacher", teacher_params, dtype),) if with_teacher else ()
     return reference + rewards + teacher

@@ -1,24 +1,68 @@
-"""Frozen models placed in Ray actors of their own (`placement: actor`): what each asks Ray for, and what
-its weights take on its own device. The plan counts them here, not in the training ranks' memory table;
-align/run/services.py starts them and the stage runners call them."""
+"""Frozen models placed in Ray actors of their own (`placement: actor`): what each asks Ray for, what its
+weights take on its own device, and what the ranks call on it. The plan counts them here, not in the
+training ranks' memory table; align/run/services.py starts them and the stage runners call them.
+
+The calls are written once, here, as one protocol per role (`CALLS`): align/stages/services.py's models
+implement them, and align/run/services.py's actor and client carry any of them by name, so a new call is
+one method here and one there, never a third copy in the driver."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from align.config.placement import ACTOR, ServiceResources
+from align.config.placement import ServiceResources
 from align.config.spec import RewardedStage, StageBase, TrainingStage
 from align.errors import Problem
 from align.models.memory import DTYPE_BYTES, format_bytes
+from align.models.placement import Role
 from align.planning.hardware import Host
 from align.planning.resources import Request
 
-REFERENCE_ROLE = "reference"
+if TYPE_CHECKING:
+    from torch import Tensor
+
+REFERENCE_ROLE = Role.REFERENCE.value
 
 
 def reward_role(index: int) -> str:
     """The key of a reward model's service: its YAML path under the stage, as the plan prints it."""
     return f"rewards[{index}]"
+
+
+class RewardCalls(Protocol):
+    """What the ranks call on a reward model in its own actor."""
+
+    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
+        """One score per (prompt, completion) text pair, as a rank scores them with its own copy."""
+        ...
+
+
+class ReferenceCalls(Protocol):
+    """What the ranks call on a reference in its own actor; tensors travel on the CPU."""
+
+    def log_probs(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, temperature: float
+    ) -> Tensor:
+        """PPO's: the per-token log-probs of each completion (after `prompt_length`)."""
+        ...
+
+    def fused_log_probs(self, inputs: dict[str, Tensor]) -> Tensor:
+        """DPO's: per-token log-probs of the `labels` through TRL's fused LM head (-100: not scored)."""
+        ...
+
+
+CALLS: dict[Role, type] = {Role.REWARD: RewardCalls, Role.REFERENCE: ReferenceCalls}
+"""Each role that can be placed in an actor, and the protocol its actor answers."""
+
+
+def call_names(role: Role) -> frozenset[str]:
+    """The methods a service of `role` answers, as its protocol declares them."""
+    return frozenset(name for name in vars(CALLS[role]) if not name.startswith("_"))
+
+
+SERVICE_CALLS = frozenset().union(*(call_names(role) for role in CALLS))
+"""Every method any service answers: what a client may forward."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +84,11 @@ class Service:
     @property
     def is_reward(self) -> bool:
         return self.role != REFERENCE_ROLE
+
+    @property
+    def kind(self) -> Role:
+        """Which model it is: a reward model or the reference."""
+        return Role.REWARD if self.is_reward else Role.REFERENCE
 
     @property
     def index(self) -> int:
@@ -75,7 +124,7 @@ def stage_services(
     if reference is not None and reference.as_actor:
         found.append(service(REFERENCE_ROLE, reference.resources, accelerator, policy_params * width, dtype))
     for index, reward in enumerate(stage.rewards if isinstance(stage, RewardedStage) else []):
-        if reward.placement == ACTOR:
+        if reward.as_actor:
             size = reward_params.get(index, 0) * width
             resources = reward.resources or ServiceResources()
             found.append(service(reward_role(index), resources, accelerator, size, dtype))

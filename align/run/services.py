@@ -4,7 +4,8 @@ attempt ends, also on an error or an interrupt.
 
 An actor holds what align/stages/services.py builds for its role. The ranks reach it through a client, a
 plain picklable object sent in the stage's config, whose methods wait on Ray here: stage code calls a
-method and never imports Ray.
+method and never imports Ray. Neither the actor nor the client spells those methods: they carry any call
+that align/planning/services.py declares (`CALLS`), by name.
 
 An actor that dies mid-stage (killed, out of memory) fails the ranks that call it. The attempt then ends
 as a lost worker does, naming the service, and the controller retries the stage from its latest complete
@@ -19,11 +20,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from align.errors import AlignError, StageFailed
 from align.planning.plan import StagePlan
-from align.planning.services import Service
+from align.planning.services import SERVICE_CALLS, Service, call_names
 from align.run import stop
 from align.run.launch import LostWorkers, first_line, worker_env
 from align.run.reservation import largest_node, shown
@@ -34,7 +36,7 @@ call it is in first; one still busy then is taken as alive (its stage's error st
 
 
 class ServiceActor:
-    """One frozen model and the methods the ranks call on it (run as a Ray actor, one call at a time)."""
+    """One frozen model, answering the calls its role declares (run as a Ray actor, one call at a time)."""
 
     def __init__(self, plan: StagePlan, service: Service, env: dict[str, str], threads: int) -> None:
         os.environ.update(env)
@@ -46,41 +48,35 @@ class ServiceActor:
         torch.set_num_threads(threads)
         on_gpu = service.gpus > 0 and torch.cuda.is_available()
         self.held = start_service(plan, service, torch.device("cuda" if on_gpu else "cpu"))
+        self.calls = call_names(service.kind)
 
     def ready(self) -> bool:
         return True
 
-    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
-        return self.held.score(prompts, completions)
-
-    def log_probs(self, input_ids: Any, attention_mask: Any, prompt_length: int, temperature: float) -> Any:
-        return self.held.log_probs(input_ids, attention_mask, prompt_length, temperature)
-
-    def fused_log_probs(self, inputs: dict[str, Any]) -> Any:
-        return self.held.fused_log_probs(inputs)
+    def call(self, method: str, *args: Any) -> Any:
+        """`method` of the held model, one of its role's calls."""
+        if method not in self.calls:
+            raise AlignError(f"a {type(self.held).__name__} answers {sorted(self.calls)}, not {method}")
+        return getattr(self.held, method)(*args)
 
 
 @dataclass(frozen=True)
 class ServiceClient:
-    """What a rank holds for one service: each method is one round trip to the actor."""
+    """What a rank holds for one service: each call its role declares (`client.score(...)`,
+    `client.log_probs(...)`) is one round trip to the actor."""
 
     role: str
     handle: Any
 
-    def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
+    def call(self, method: str, *args: Any) -> Any:
         import ray
 
-        return ray.get(self.handle.score.remote(prompts, completions))
+        return ray.get(self.handle.call.remote(method, *args))
 
-    def log_probs(self, input_ids: Any, attention_mask: Any, prompt_length: int, temperature: float) -> Any:
-        import ray
-
-        return ray.get(self.handle.log_probs.remote(input_ids, attention_mask, prompt_length, temperature))
-
-    def fused_log_probs(self, inputs: dict[str, Any]) -> Any:
-        import ray
-
-        return ray.get(self.handle.fused_log_probs.remote(inputs))
+    def __getattr__(self, name: str) -> Any:
+        if name in SERVICE_CALLS:  # reads no field: safe while pickle rebuilds the client
+            return partial(self.call, name)
+        raise AttributeError(name)
 
     def lost(self) -> BaseException | None:
         """Ray's error if the actor is gone (ActorDiedError), None if it answers or is still busy."""

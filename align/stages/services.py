@@ -3,9 +3,9 @@
 What such an actor holds and computes (a reward model's scores, a reference's per-token log-probs) is
 built here from the plan exactly as the co-located path builds it (same loader, dtype and forward), so the
 numbers match. A runner gets, for each service the plan places, a client in `StageContext.services`: any
-object with the service's methods (`score`; `log_probs`, `fused_log_probs`); align/run/services.py makes
-them, and Ray stays there. `Waited` counts the seconds the ranks spend waiting on them, for the record's
-time split.
+object with the calls align/planning/services.py declares for its role (`RewardCalls.score`;
+`ReferenceCalls.log_probs`, `fused_log_probs`); align/run/services.py makes them, and Ray stays there.
+`Waited` counts the seconds the ranks spend waiting on them, for the record's time split.
 """
 
 from __future__ import annotations
@@ -17,15 +17,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from align.backends import BACKENDS
 from align.errors import AlignError
+from align.models.placement import Placement
 from align.planning.placement import REFERENCE_ACTOR
 from align.planning.plan import StagePlan
-from align.planning.services import REFERENCE_ROLE, Service, reward_role
+from align.planning.services import (
+    REFERENCE_ROLE,
+    ReferenceCalls,
+    RewardCalls,
+    Service,
+    reward_role,
+)
 from align.stages.context import StageContext, frozen_reference, load_stage_model
 from align.stages.rl import frozen_reward_model, model_scores
 from align.trainers.policy_value import completion_log_probs
@@ -42,7 +49,7 @@ def spread_over_gpus(device: torch.device) -> dict[str, str]:
     return {"device_map": "auto"} if device.type == "cuda" and torch.cuda.device_count() > 1 else {}
 
 
-class RewardModelService:
+class RewardModelService(RewardCalls):
     """`rewards[i].model` whole on the actor's device: scores of (prompt, completion) texts, as a rank
     scores them with its own copy (align/stages/rl.py `model_scores`)."""
 
@@ -57,7 +64,7 @@ class RewardModelService:
         return model_scores(self.model, self.tokenizer, prompts, completions)
 
 
-class ReferenceService:
+class ReferenceService(ReferenceCalls):
     """The stage's input model, frozen, whole on the actor's device: PPO's reference log-probs, and DPO's
     through TRL's fused LM head, which DPOTrainer adds to a reference copy (a forward without
     `fused_lm_head=True` is the model's own)."""
@@ -83,7 +90,7 @@ class ReferenceService:
         return completion_log_probs(self.model, ids, mask, prompt_length, temperature).cpu()
 
 
-def start_service(plan: StagePlan, service: Service, device: torch.device) -> Any:
+def start_service(plan: StagePlan, service: Service, device: torch.device) -> RewardCalls | ReferenceCalls:
     """What the actor for `service` holds (run inside it)."""
     if service.role == REFERENCE_ROLE:
         return ReferenceService(plan, device)
@@ -127,22 +134,30 @@ def client(ctx: StageContext, role: str) -> Any:
     if role not in ctx.services:
         raise AlignError(
             f"{ctx.plan.where}: the plan places {role} in a Ray actor of its own, and none was started for "
-            "this run: run it with `align run`, or place it `with_policy`"
+            f"this run: run it with `align run`, or place it `{Placement.WITH_POLICY}`"
         )
     return ctx.services[role]
+
+
+def reward_client(ctx: StageContext, index: int) -> RewardCalls:
+    return cast(RewardCalls, client(ctx, reward_role(index)))
+
+
+def reference_client(ctx: StageContext) -> ReferenceCalls:
+    return cast(ReferenceCalls, client(ctx, REFERENCE_ROLE))
 
 
 def remote_rewards(ctx: StageContext, waited: Waited) -> dict[int, Callable[..., list[float]]]:
     """Each reward model the plan places in an actor, as a reward function by its index in `rewards:`."""
     return {
         index: remote_reward(
-            client(ctx, reward_role(index)), Path(ctx.plan.inputs.reward_models[index]).name, waited
+            reward_client(ctx, index), Path(ctx.plan.inputs.reward_models[index]).name, waited
         )
         for index in ctx.plan.placement.actor_rewards
     }
 
 
-def remote_reward(service: Any, name: str, waited: Waited) -> Callable[..., list[float]]:
+def remote_reward(service: RewardCalls, name: str, waited: Waited) -> Callable[..., list[float]]:
     """A reward model in its own actor as a reward function (TRL's shape: keyword arguments, one float per
     completion): rule functions and remote models then score alike, on every rank. `name`: its folder's,
     under which TRL logs a reward model it holds itself (`rewards/NAME/mean`)."""
@@ -158,11 +173,11 @@ def ppo_reference(ctx: StageContext, waited: Waited) -> Any:
     """PPO's reference as the plan places it: in an actor of its own, a frozen copy here, or None (LoRA:
     the policy with its adapters disabled)."""
     if ctx.plan.placement.reference == REFERENCE_ACTOR:
-        return remote_reference(client(ctx, REFERENCE_ROLE), waited)
+        return remote_reference(reference_client(ctx), waited)
     return frozen_reference(ctx)
 
 
-def remote_reference(service: Any, waited: Waited) -> Callable[..., torch.Tensor]:
+def remote_reference(service: ReferenceCalls, waited: Waited) -> Callable[..., torch.Tensor]:
     """PPO's reference in its own actor (align/trainers/ppo.py `ReferenceFn`): token batches go to it on the
     CPU, its log-probs come back to the rank's device."""
 
@@ -177,7 +192,7 @@ class RemoteForward:
     """DPO's reference in its own actor, called as TRL calls a reference copy's forward
     (`model(**inputs, labels=labels, fused_lm_head=True).log_probs`): the tensors go to the service."""
 
-    def __init__(self, service: Any, waited: Waited) -> None:
+    def __init__(self, service: ReferenceCalls, waited: Waited) -> None:
         self.service, self.waited = service, waited
 
     def __call__(self, **kwargs: Any) -> SimpleNamespace:
@@ -190,7 +205,7 @@ def with_remote_reference(trainer_class: type, ctx: StageContext, waited: Waited
     """DPOTrainer computing its precomputed reference log-probs (`precompute_ref_log_probs`, before
     training, over the train and eval pairs) in the reference's own actor, with TRL's own batching,
     masking and sums: only the forward moves, so no rank holds a reference."""
-    forward = RemoteForward(client(ctx, REFERENCE_ROLE), waited)
+    forward = RemoteForward(reference_client(ctx), waited)
 
     class ReferenceInActor(trainer_class):
         def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
