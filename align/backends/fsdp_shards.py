@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from align.backends.sharding_report import global_numel, local_numel
+from align.compat.torch import local_shard, replace_local_shard
 
 if TYPE_CHECKING:
     from align.backends.base import PlannedStage
@@ -74,9 +75,9 @@ def own_shard_storage(model: torch.nn.Module) -> None:
     for param in model.parameters():
         if not isinstance(param, DTensor):
             continue
-        local = param._local_tensor  # FSDP2 itself swaps this attribute when it pads a shard
+        local = local_shard(param)
         if local.untyped_storage().nbytes() > local.numel() * local.element_size():
-            param._local_tensor = local.clone(memory_format=torch.contiguous_format)
+            replace_local_shard(param, local.clone(memory_format=torch.contiguous_format))
 
 
 def shard_full_tensors(model: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -109,7 +110,7 @@ def held_storage_bytes(model: torch.nn.Module) -> tuple[int, int]:
     storages: dict[tuple[str, int], int] = {}
     total = 0
     for param in model.parameters():
-        local = param._local_tensor if isinstance(param, DTensor) else param
+        local = local_shard(param) if isinstance(param, DTensor) else param
         total += global_numel(param) * local.element_size()
         if local.device.type != "meta":
             storage = local.untyped_storage()

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from align.cache import cache_root, exists, is_dir, user_path
+from align.compat.datasets import dataset_fingerprint
 from align.data.building import DELIMITERS, arrow_builder, build_apart
 from align.data.corpora import BUILTIN_DATA, BUILTIN_PREFIX, TOY_DATA, builtin_path
 from align.data.hub import HUB_FORM, HUB_PREFIX, hub_rows, local_copy, parse_hub_ref, resolved
@@ -145,7 +146,7 @@ def normalized(dataset: Any, ref: str, columns: dict[str, str]) -> Any:
         except RowProblem as problem:
             raise DataError(f"{ref} row {index} {problem}") from None
 
-    fingerprint = digest({"from": dataset._fingerprint, "columns": columns, "shapes": 1})
+    fingerprint = digest({"from": dataset_fingerprint(dataset), "columns": columns, "shapes": 1})
     return dataset.map(
         convert, with_indices=True, remove_columns=dataset.column_names, new_fingerprint=fingerprint[:32]
     )

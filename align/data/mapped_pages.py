@@ -23,6 +23,8 @@ import os
 import sys
 from typing import Any
 
+from align.compat.datasets import arrow_file_opener, replace_arrow_file_opener
+
 MADV_DONTNEED = 4
 ARROW_SUFFIX = ".arrow"
 
@@ -61,9 +63,7 @@ def release_mapped_pages(path: str | None = None) -> None:
 def release_pages_on_open() -> None:
     """Make `datasets` drop an Arrow file's header pages as soon as it has opened it; where this
     `datasets` opens files otherwise, opening costs what it did, and nothing breaks."""
-    from datasets import table
-
-    opener = getattr(table, "_memory_mapped_arrow_table_from_file", None)
+    opener = arrow_file_opener()
     if opener is None or not sys.platform.startswith("linux") or getattr(opener, "releases_pages", False):
         return
 
@@ -74,4 +74,4 @@ def release_pages_on_open() -> None:
         return opened
 
     open_then_release.releases_pages = True  # type: ignore[attr-defined]
-    table._memory_mapped_arrow_table_from_file = open_then_release
+    replace_arrow_file_opener(open_then_release)

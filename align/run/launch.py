@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from align.compat.ray import embedded_head_settings, no_sigterm_handler, print_driver_lines_with
 from align.errors import AlignError, Interrupted, StageFailed
 from align.planning.plan import StagePlan
 from align.run import stop
@@ -107,8 +108,7 @@ def connect(address: str | None, verbose: bool = False, messages: Path | None = 
             address="local",
             num_cpus=os.cpu_count(),
             include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            _system_config=EMBEDDED_SYSTEM_CONFIG,
+            **embedded_head_settings("127.0.0.1", EMBEDDED_SYSTEM_CONFIG),
             **settings,
         )
     return True, f"ray: embedded on this machine, {os.cpu_count()} CPUs{note}"
@@ -180,17 +180,13 @@ def align_handles_sigterm(hold: bool) -> Iterator[None]:
     if not callable(handlers[signal.SIGTERM]) or threading.current_thread() is not threading.main_thread():
         yield
         return
-    import ray._private.utils as ray_utils
-
     held: list[int] = []
-    installs = ray_utils.set_sigterm_handler
-    ray_utils.set_sigterm_handler = lambda _ray_handler: None
-    for sig in handlers if hold else ():
-        signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
-        yield
+        with no_sigterm_handler():
+            for sig in handlers if hold else ():
+                signal.signal(sig, lambda signum, _frame: held.append(signum))
+            yield
     finally:
-        ray_utils.set_sigterm_handler = installs
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         if held:
@@ -203,14 +199,13 @@ def to_file(messages: Path) -> None:
 
     Ray has no setting for these (`log_to_driver` covers only the workers' output), so its printer
     is replaced; the lines are kept, not lost."""
-    import ray._private.worker as ray_worker
 
     def write(data: dict[str, Any], ignore_prefix: bool) -> None:
         messages.parent.mkdir(parents=True, exist_ok=True)
         with open(messages, "a") as out:
             out.writelines(f"({data.get('pid', 'ray')}) {line}\n" for line in data.get("lines", []))
 
-    ray_worker.print_to_stdstream = write
+    print_driver_lines_with(write)
 
 
 def connected() -> bool:

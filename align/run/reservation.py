@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from align.compat.ray import available_resources_per_node, total_resources_per_node
 from align.errors import AlignError
 from align.run import stop
 
@@ -37,17 +38,13 @@ def schedulable(node: dict[str, float]) -> dict[str, float]:
 
 def free_per_node() -> list[dict[str, float]]:
     """What each live node has free now, largest CPU count first."""
-    import ray
-
-    nodes = ray._private.state.available_resources_per_node().values()
+    nodes = available_resources_per_node().values()
     return sorted(map(schedulable, nodes), key=lambda node: -node.get("CPU", 0))
 
 
 def largest_node() -> dict[str, float]:
     """The biggest node's total resources (by CPUs), the most any one bundle could ever get."""
-    import ray
-
-    totals = ray._private.state.total_resources_per_node().values()
+    totals = total_resources_per_node().values()
     return max(map(schedulable, totals), key=lambda node: node.get("CPU", 0), default={})
 
 

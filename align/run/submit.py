@@ -7,6 +7,7 @@ import shlex
 import time
 from pathlib import Path
 
+from align.compat.ray import PACKAGING_LOGGER
 from align.errors import AlignError
 
 AGENT_WAIT_S = 120
@@ -48,7 +49,7 @@ def submit(
     assignments = [f"{key}={shlex.quote(value)}" for key, value in env.items()]
     entrypoint = " ".join([*assignments, shlex.join(args)])
     runtime_env = {"working_dir": str(folder), "py_modules": [str(ALIGN_PACKAGE)]}
-    for name in ("ray", "ray._private.runtime_env.packaging"):  # not a line per folder packed
+    for name in ("ray", PACKAGING_LOGGER):  # not a line per folder packed
         logging.getLogger(name).setLevel(logging.WARNING)
     jobs = client(address)
     deadline = time.monotonic() + AGENT_WAIT_S

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from align.compat.accelerate import reset_accelerate_state
 from align.planning.resources import shared_cpus
 from align.run import stop
 from align.run.reservation import Turns, reserve
@@ -94,10 +95,8 @@ def reset_process(environment: dict[str, str]) -> None:
     import gc
 
     import torch
-    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     os.environ.clear()
     os.environ.update(environment)
     gc.collect()

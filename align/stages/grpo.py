@@ -8,11 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from align.compat.trl import kept_generation_batch
 from align.planning.plan import ModelInput
 from align.stages.context import StageContext, StageResult, merged_input
 from align.stages.preamble import preamble
 from align.stages.rl import held_out_measure, signal_watch, stage_rewards
-from align.stages.rollout_clock import RolloutClock
+from align.stages.rollout_clock import timed
 from align.stages.services import Waited, remote_rewards
 from align.stages.signal import Scored
 from align.stages.training import Training, train_stage
@@ -21,9 +22,9 @@ TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
 
 
 def latest_batch(trainer: Any) -> Scored | None:
-    """The last generation batch, every rank's, as TRL keeps it for its completions table (`_logs`: the
-    completions and each reward's value by the name TRL logs it under)."""
-    kept = getattr(trainer, "_logs", None)
+    """The last generation batch, every rank's, as TRL keeps it for its completions table (the completions
+    and each reward's value by the name TRL logs it under)."""
+    kept = kept_generation_batch(trainer)
     if not kept or not kept.get("completion"):
         return None
     return Scored(list(kept["completion"]), {name: list(values) for name, values in kept["rewards"].items()})
@@ -51,12 +52,11 @@ def run(ctx: StageContext) -> StageResult:
     config, tokenizer = start.config, start.tokenizer
     with policy_input(ctx, config.beta) as policy_ctx:
         policy = start.load_model(policy_ctx)
-        trainer = getattr(trl, TRAINERS[ctx.plan.kind])(
+        trainer = timed(getattr(trl, TRAINERS[ctx.plan.kind]))(
             reward_funcs=rewards.sources,
             reward_processing_classes=rewards.tokenizers,
             **{**start.trainer_kwargs(policy), "eval_dataset": None},
         )
-    clock = RolloutClock(trainer)
     watch = signal_watch(start, lambda: latest_batch(trainer))
     trainer.add_callback(watch)
     measure = held_out_measure(start, lambda: trainer.model, rewards, waited.paused, watch)
@@ -67,6 +67,6 @@ def run(ctx: StageContext) -> StageResult:
         held_out=measure,
         curves=(("reward", "reward"),),
         sample_prompts=start.sample_prompts(),
-        run_metrics=lambda: {**clock.split(), **waited.split(), **watch.metrics()},
+        run_metrics=lambda: {**trainer.rollout_split(), **waited.split(), **watch.metrics()},
     )
     return train_stage(ctx, training)

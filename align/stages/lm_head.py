@@ -8,13 +8,12 @@ building the logits. What the answer holds is TRL's `FusedCausalLMOutput`, field
 
 from __future__ import annotations
 
-import functools
-import types
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
+from align.compat.trl import answer_fused_lm_head
 from align.planning.lora import PLAIN
 
 IGNORED = -100  # the label of a position that is not scored
@@ -38,41 +37,19 @@ def lm_head_callbacks(plan: Any) -> list[Any]:
 
 def answer_from_logits(model: Any, temperature: float = 1.0) -> None:
     """`model`'s forward, as TRL's `add_fused_lm_head` left it, answering `fused_lm_head=True` from the
-    model's logits instead; every other call goes through unchanged. Applying it twice changes nothing."""
-    patched = model.forward
-    if getattr(patched, "answers_from_logits", False):
-        return
+    model's logits instead (align/compat/trl.py routes the calls); every other call goes through unchanged.
+    Applying it twice changes nothing."""
 
-    @functools.wraps(type(model).forward)  # its signature: `generate` checks its arguments against it
-    def forward(
-        self: Any,
-        *args: Any,
-        fused_lm_head: bool = False,
-        labels: Any = None,
-        shift_labels: Any = None,
-        num_items_in_batch: Any = None,
-        **kwargs: Any,
-    ) -> Any:
-        if not fused_lm_head:
-            return patched(
-                *args,
-                labels=labels,
-                shift_labels=shift_labels,
-                num_items_in_batch=num_items_in_batch,
-                **kwargs,
-            )
-        kwargs["use_cache"] = False
-        outputs = patched(*args, **kwargs)  # fused_lm_head=False: the model's own forward and head
+    def answer(model: Any, outputs: Any, labels: Any, shift_labels: Any, num_items_in_batch: Any) -> Any:
         if shift_labels is None:
             logits, targets = outputs.logits[:, :-1], labels[:, 1:]
         else:
             logits, targets = outputs.logits, shift_labels
         aux = getattr(outputs, "aux_loss", None)
-        coefficient = getattr(self.config.get_text_config(), "router_aux_loss_coef", 0.0)
+        coefficient = getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0)
         return scored(logits.float() / temperature, targets, num_items_in_batch, aux, coefficient)
 
-    forward.answers_from_logits = True
-    model.forward = types.MethodType(forward, model)
+    answer_fused_lm_head(model, answer)
 
 
 def scored(

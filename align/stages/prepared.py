@@ -1,8 +1,8 @@
 """The rows a stage's trainer trains on, prepared by the trainer's own code, and what `max_length` does to
 them: `align data` shows them, and every stage counts them before its model loads.
 
-TRL prepares rows in its trainer's constructor (`_prepare_dataset`: chat template, tokenization, loss masks).
-align runs that same method with the stage's own tokenizer and config, but no length limit, so that the
+TRL prepares rows in its trainer's constructor (chat template, tokenization, loss masks). align runs that
+same method (align/compat/trl.py) with the stage's own tokenizer and config, but no length limit, so that the
 counts see every row whole (align/data/lengths.py applies the cut as TRL does). `datasets` caches each step
 by its fingerprint: the trainer built next reads what was prepared here (SFT's padding-free default asks
 for exactly this), and preference trainers reuse the tokenized rows before they filter.
@@ -11,9 +11,9 @@ for exactly this), and preference trainers reuse the tokenized rows before they 
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 from typing import Any
 
+from align.compat.trl import prepare_dataset
 from align.data.lengths import LengthReport, length_report, lengths_path, remember, share
 from align.data.loss_scope import LossScope
 from align.errors import StageFailed
@@ -48,20 +48,22 @@ def loss_settings(ctx: Any, tokenizer: Any, train: Any) -> dict[str, Any]:
     return {"assistant_only_loss": scope.assistant_only}
 
 
-def trainer_view(kind: str, tokenizer: Any, config: Any, sample: dict[str, Any]) -> Any:
-    """The attributes a trainer's `_prepare_dataset` reads from its trainer, set as its constructor sets
-    them (trl/trainer/sft_trainer.py), so that the method runs without a model."""
+def trainer_attributes(kind: str, tokenizer: Any, config: Any, sample: dict[str, Any]) -> dict[str, Any]:
+    """The public attributes a trainer's row preparation reads from its trainer, set as its constructor
+    sets them (trl/trainer/sft_trainer.py), so that it runs without a model (align/compat/trl.py)."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
-    view = SimpleNamespace(_tokenizer=tokenizer, _is_vision_dataset=False, chat_template=None)
+    view: dict[str, Any] = {"chat_template": None}
     if kind == "sft":
         if config.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
-            view.chat_template = get_training_chat_template(tokenizer)
+            view["chat_template"] = get_training_chat_template(tokenizer)
         only = config.completion_only_loss
-        view.completion_only_loss = ("prompt" in sample and "completion" in sample) if only is None else only
+        prompt_completion = "prompt" in sample and "completion" in sample
+        view["completion_only_loss"] = prompt_completion if only is None else only
     if kind == "kto":  # its KL completions and its desirability weights (trl/trainer/kto_trainer.py)
-        view.calculate_KL = config.loss_type != "apo_zero_unpaired"
-        view.desirable_weight, view.undesirable_weight = config.desirable_weight, config.undesirable_weight
+        view["calculate_KL"] = config.loss_type != "apo_zero_unpaired"
+        view["desirable_weight"] = config.desirable_weight
+        view["undesirable_weight"] = config.undesirable_weight
     return view
 
 
@@ -72,10 +74,8 @@ def prepare(kind: str, dataset: Any, tokenizer: Any, config: Any, name: str = "t
     whole = copy.copy(config)
     whole.max_length = None
     trainer = getattr(trl, TRAINERS[kind])
-    view = trainer_view(kind, tokenizer, whole, dataset[0])
-    if kind == "sft":
-        return trainer._prepare_dataset(view, dataset, tokenizer, whole, False, None, name)
-    return trainer._prepare_dataset(view, dataset, tokenizer, whole, name)
+    attributes = trainer_attributes(kind, tokenizer, whole, dataset[0])
+    return prepare_dataset(trainer, attributes, dataset, tokenizer, whole, name)
 
 
 def cut(config: Any) -> tuple[int | None, str]:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from align.compat.peft import lora_switches
 from align.trainers.ppo_math import token_log_probs
 
 VALUE_ADAPTER = "value"
@@ -45,19 +46,9 @@ def lora_layers(model: nn.Module, *, active: str | None = None, disabled: bool =
 
     PEFT's `set_adapter` and `disable_adapter` also re-mark which parameters are trainable: leaving
     either would freeze the critic's adapter, under a DDP or DeepSpeed wrap that expects its gradients.
-    So only the layers' switches are flipped, and put back."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
-    saved = [(layer._active_adapter, layer._disable_adapters) for layer in layers]
-    for layer in layers:
-        layer._active_adapter = [active] if active else layer._active_adapter
-        layer._disable_adapters = disabled
-    try:
+    So only the layers' switches are flipped, and put back (align/compat/peft.py)."""
+    with lora_switches(model, active=active, disabled=disabled):
         yield
-    finally:
-        for layer, (names, off) in zip(layers, saved, strict=True):
-            layer._active_adapter, layer._disable_adapters = names, off
 
 
 class PolicyAndValue(nn.Module):

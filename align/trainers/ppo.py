@@ -10,7 +10,7 @@ One rollout (per rank, `PPOConfig.rollout_batch_size` prompts):
 3. no-grad forwards give the policy's and the reference's log-probs and the critic's values;
 4. per-token rewards (KL penalty, score at the last token), GAE advantages (whitened) and returns.
 Then `num_ppo_epochs` passes of `num_mini_batches` optimizer steps over the rollout: the Trainer's own
-loop runs them, one micro-batch per `training_step`, drawn by `_prepare_inputs` from the rollout.
+loop runs them, one micro-batch per `training_step`, drawn by `batch_from` from the rollout.
 
 The reference is the policy with its adapters disabled under LoRA, else a frozen copy placed by the
 backend; the critic is a value head on the policy's trunk, or its own LoRA adapter on the same frozen base
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
-from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import get_last_checkpoint
 
+from align.compat.transformers import HookedTrainer
 from align.trainers import ppo_checkpoint
 from align.trainers.policy_value import PolicyAndValue, completion_log_probs
 from align.trainers.ppo_config import PPOConfig
@@ -109,7 +109,7 @@ class Rollout:
         return {key: value[rows] for key, value in self.tensors.items()}
 
 
-class PPOTrainer(Trainer):
+class PPOTrainer(HookedTrainer):
     """PPO over a `PolicyAndValue`, with rewards given as one function (see `RewardFn`)."""
 
     def __init__(
@@ -157,7 +157,7 @@ class PPOTrainer(Trainer):
         )
         return RolloutLoader(self.train_dataset, batch_sampler=sampler, collate_fn=list)
 
-    def _prepare_inputs(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def batch_from(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         position = self.micro_steps % self.args.micro_batches_per_rollout
         if position == 0:
             self.rollout = self.make_rollout(rows)
@@ -338,7 +338,7 @@ class PPOTrainer(Trainer):
 
     # --- saving: the policy as plain transformers/peft files, the critic beside it ---
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+    def write_model(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write the policy with `save_pretrained` (every rank joins, a sharded one gathers) and the critic's
         head as `value_head.pt`; PEFT writes the value adapter, if any, in `value/`."""
         output_dir = output_dir or self.args.output_dir
@@ -360,15 +360,11 @@ class PPOTrainer(Trainer):
             self.load_ppo_state(resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+    def before_checkpoint(self, folder: str) -> None:
         """This rank's PPO state goes in first, so a folder with `trainer_state.json` is complete."""
-        folder = os.path.join(
-            self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        )
         ppo_checkpoint.save_state(folder, self.args.process_index, self.ppo_state())
-        super()._save_checkpoint(model, trial)
 
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+    def load_checkpoint_weights(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """The policy and the critic as `_save` wrote them (the Trainer's loader expects one model)."""
         wrapper = self.accelerator.unwrap_model(model or self.model)
         if hasattr(wrapper.policy, "peft_config"):
