@@ -18,14 +18,14 @@ from align.config.spec import KINDS, DistillStage, Pipeline, RewardedStage, Stag
 from align.data.batching import sft_batching
 from align.errors import ConfigError
 from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets
-from align.models.chat_templates import ChatTemplate, resolve_template
+from align.models.chat_templates import ChatTemplate
 from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
-from align.models.precision import PURE, compute_dtype, precision_problems, resolve_precision, trainable_dtype
+from align.models.precision import PURE, compute_dtype, precision_problems, trainable_dtype
 from align.pipeline.graph import order, references
 from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
 from align.planning.host import host_problems
-from align.planning.lora import LMHead, lm_head, lora_targets, trained_rows
+from align.planning.lora import LMHead, lm_head, trained_rows
 from align.planning.losses import loss_words
 from align.planning.model_sizes import reward_model_params, stage_architecture, teacher_params
 from align.planning.model_sizes import root_model as root_model  # read from here by report/rows_view.py
@@ -39,6 +39,7 @@ from align.planning.placement import (
 )
 from align.planning.resources import Request, stage_request
 from align.planning.services import stage_services
+from align.planning.stage_facts import StageFacts, stage_facts
 
 PROMPT_TOKENS = 512
 """The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
@@ -245,75 +246,80 @@ def choose_backend(
     return backend.name, f"{what}{on} does not fit: {'; '.join(rejected)}, {over} over {budget}"
 
 
-def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Hardware) -> StagePlan:
-    """Every decision for one stage. Raises ConfigError naming what the chosen backend cannot run."""
-    stage, where = pipeline.stages[name], f"stages.{name}"
-    trains = KINDS[stage.kind].trains
-    workers = pipeline.stage_setting(name, "workers") if KINDS[stage.kind].ranked else 1
-    # a merge is checked in fp32, where an exact merge is measurable (and saved in its input's dtype)
-    precision = resolve_precision(pipeline.stage_setting(name, "precision"), hardware) if trains else "fp32"
-    arch = stage_architecture(pipeline, name) if trains else None
-    targets = lora_targets(stage, where, arch)
-    rewards = reward_model_params(pipeline, name, arch) if arch else {}
-    teacher = teacher_params(pipeline, name, arch) if arch else 0
-    precompute_asked = bool(trains and trl_setting(stage.kind, stage.trl, "precompute_ref_log_probs"))
-    template = resolve_template(value) if (value := pipeline.stage_chat_template(name)) else None
+def price(facts: StageFacts, backend: Backend, placement: Placement) -> dict[str, MemoryEstimate]:
+    """Every column of the backend's memory table for this stage (empty without an architecture)."""
+    if facts.arch is None:
+        return {}
+    rows = trained_rows(facts.stage, facts.template, backend.frozen_sharded, facts.arch)
+    work = workload(facts.stage, facts.precision, placement, facts.arch, facts.rewards, rows, facts.teacher)
+    return backend.estimates(facts.arch, work, facts.workers, facts.stage)
 
-    def price(backend: Backend, placement: Placement) -> dict[str, MemoryEstimate]:
-        """Every column of the backend's memory table for this stage (empty without an architecture)."""
-        if arch is None:
-            return {}
-        rows = trained_rows(stage, template, backend.frozen_sharded, arch)
-        work = workload(stage, precision, placement, arch, rewards, rows, teacher)
-        return backend.estimates(arch, work, workers, stage)
 
-    def table(placement: Placement) -> dict[str, MemoryEstimate]:
-        """Every backend's columns, each holding the models as `placement` does, so rows line up."""
-        return {option: est for each in BACKENDS.values() for option, est in price(each, placement).items()}
+def price_table(facts: StageFacts, placement: Placement) -> dict[str, MemoryEstimate]:
+    """Every backend's columns, each holding the models as `placement` does, so rows line up."""
+    return {option: est for one in BACKENDS.values() for option, est in price(facts, one, placement).items()}
 
-    requested = pipeline.stage_setting(name, "backend")
+
+def requested_backend(facts: StageFacts) -> tuple[str, str]:
+    """The backend and why: one the kind fixes, the one the file names, or `auto`'s choice among those
+    that accept the stage, each priced as it would run."""
+    stage, arch = facts.stage, facts.arch
+    requested = facts.pipeline.stage_setting(facts.name, "backend")
     if stage.kind == "eval":
-        requested, reason = "ddp", "an eval trains nothing: each rank holds whole models, the prompts sharded"
-    elif not trains:  # a `defaults.backend` is for the training stages
-        requested, reason = "ddp", f"a {stage.kind} runs in one process"
-    elif requested == "auto":
-        what = (
-            describe_workload(
-                arch,
-                workload(
-                    stage, precision, plan_placement(stage, BACKENDS["ddp"]), arch, rewards, teacher=teacher
-                ),
-            )
-            if arch
-            else ("LoRA" if getattr(stage, "lora", None) else "full parameters")
+        return "ddp", "an eval trains nothing: each rank holds whole models, the prompts sharded"
+    if not facts.trains:  # a `defaults.backend` is for the training stages
+        return "ddp", f"a {stage.kind} runs in one process"
+    if requested != "auto":
+        return requested, "named in the pipeline file"
+    if arch:
+        ddp = plan_placement(stage, BACKENDS["ddp"])
+        what = describe_workload(
+            arch, workload(stage, facts.precision, ddp, arch, facts.rewards, teacher=facts.teacher)
         )
-
-        def as_it_would_run(backend: Backend) -> MemoryEstimate | None:
-            placement = plan_placement(stage, backend, precompute=precompute_asked)
-            return price(backend, placement).get(backend.option(stage))
-
-        requested, reason = choose_backend(stage, where, workers, precision, hardware, as_it_would_run, what)
     else:
-        reason = "named in the pipeline file"
-    backend = BACKENDS[requested]
-    if trains and (problems := precision_problems(stage, where, precision)):
-        raise ConfigError(problems)
-    if trains and (problems := backend.problems(stage, where, workers, precision)):
-        raise ConfigError(problems)
-    placement = plan_placement(stage, backend, precompute=precompute_asked)
-    by_backend = table(placement)
+        what = "LoRA" if getattr(stage, "lora", None) else "full parameters"
+
+    def as_it_would_run(backend: Backend) -> MemoryEstimate | None:
+        placement = plan_placement(stage, backend, precompute=facts.precompute_asked)
+        return price(facts, backend, placement).get(backend.option(stage))
+
+    hardware = facts.hardware
+    return choose_backend(stage, facts.where, facts.workers, facts.precision, hardware, as_it_would_run, what)
+
+
+def placed(facts: StageFacts, backend: Backend) -> tuple[Placement, dict[str, MemoryEstimate]]:
+    """Where each model lives, and every backend's memory so: as asked, unless a reference copy is what does
+    not fit, and its log-probs computed before training do."""
+    stage, usable = facts.stage, facts.hardware.device_memory * USABLE_FRACTION
+    placement = plan_placement(stage, backend, precompute=facts.precompute_asked)
+    by_backend = price_table(facts, placement)
     option = backend.option(stage)
     lean = plan_placement(stage, backend, precompute=True)
-    too_big = by_backend and by_backend[option].total > hardware.device_memory * USABLE_FRACTION
+    too_big = by_backend and by_backend[option].total > usable
     if lean.reference != placement.reference and too_big:
-        lean_table = table(lean)
-        if lean_table[option].total <= hardware.device_memory * USABLE_FRACTION:
-            placement, by_backend = lean, lean_table  # the copy is what does not fit: precompute instead
+        lean_table = price_table(facts, lean)
+        if lean_table[option].total <= usable:
+            return lean, lean_table  # the copy is what does not fit: precompute instead
+    return placement, by_backend
+
+
+def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Hardware) -> StagePlan:
+    """Every decision for one stage, in order: its facts, backend, refusals, placement and memory, head and
+    services. Raises ConfigError naming what the chosen backend cannot run."""
+    facts = stage_facts(pipeline, name, hardware)
+    stage, trains, precision, arch = facts.stage, facts.trains, facts.precision, facts.arch
+    requested, reason = requested_backend(facts)
+    backend = BACKENDS[requested]
+    if trains and (problems := precision_problems(stage, facts.where, precision)):
+        raise ConfigError(problems)
+    if trains and (problems := backend.problems(stage, facts.where, facts.workers, precision)):
+        raise ConfigError(problems)
+    placement, by_backend = placed(facts, backend)
     policy_params = arch.param_count() if arch else 0
     positions = micro_batch(stage) * sequence_length(stage) if trains else 0
-    head = lm_head(stage, template, arch, backend.frozen_sharded, positions) if trains else None
-    services = stage_services(stage, hardware.accelerator, policy_params, rewards, compute_dtype(precision))
-    placement = with_services(placement, services)
+    head = lm_head(stage, facts.template, arch, backend.frozen_sharded, positions) if trains else None
+    compute = compute_dtype(precision)
+    services = stage_services(stage, hardware.accelerator, policy_params, facts.rewards, compute)
     return StagePlan(
         name=name,
         kind=stage.kind,
@@ -322,23 +328,23 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         upstream=tuple(upstream),
         backend=requested,
         backend_reason=reason,
-        workers=workers,
+        workers=facts.workers,
         precision=precision,
         trainable_dtype=trainable_dtype(precision, backend.keeps_fp32_master),
         seed=pipeline.defaults.seed,
         accelerator=hardware.accelerator,
         offload_optimizer=backend.offloads_optimizer(stage),
         data_kind=KINDS[stage.kind].data,
-        placement=placement,
-        memory=by_backend.get(option),
+        placement=with_services(placement, services),
+        memory=by_backend.get(backend.option(stage)),
         memory_by_backend=by_backend,
         max_failures=pipeline.stage_setting(name, "max_failures"),
         checkpoint_minutes=pipeline.stage_setting(name, "checkpoint_minutes"),
         remote_code=pipeline.allow_custom_code,
         batching=sft_batching(stage.trl) if stage.kind == "sft" else None,
-        lora_targets=targets,
-        resources=stage_request(pipeline, name, workers, hardware.accelerator),
-        chat_template=template,
+        lora_targets=facts.targets,
+        resources=stage_request(pipeline, name, facts.workers, hardware.accelerator),
+        chat_template=facts.template,
         lm_head=head,
         loss=loss_words(stage) if trains else None,
     )
