@@ -21,8 +21,10 @@ from align.models.loading import resolve_model
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import ModelInput, build
+from align.records import StageResult
 from align.run import records, stop
 from align.run.controller import run_plan
+from align.run.launch import Launched
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
 PREFS = {"prompt": "Hi", "chosen": "Hello!", "rejected": "No comment."}
@@ -37,7 +39,7 @@ class FakeLauncher:
         self.alongside: dict[str, int] = {}  # how many stages the run said ran side by side with it
         self.fail = fail
 
-    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> dict:
+    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> Launched:
         self.calls.append(stage.name)
         self.inputs[stage.name] = stage.inputs
         self.alongside[stage.name] = stage.resources.alongside
@@ -46,8 +48,7 @@ class FakeLauncher:
         (scratch / output / "weights.bin").write_text(stage.name)
         if stage.name == self.fail:
             raise StageFailed(f"stage '{stage.name}' failed: boom")
-        (scratch / ".result.json").write_text(json.dumps({"output": output, "metrics": {"loss": 1.0}}))
-        return {"output": output, "metrics": {"loss": 1.0}}
+        return Launched(StageResult(output=output, metrics={"loss": 1.0}))
 
 
 @pytest.fixture
@@ -106,8 +107,8 @@ def test_each_stage_reads_its_upstream_outputs_and_records_them(pipeline: Path) 
     assert launcher.inputs["dpo"].model == ModelInput(base, (sft_adapter,))
     assert launcher.inputs["merge"].model == ModelInput(base, (sft_adapter, dpo_adapter))
     assert launcher.inputs["ppo"].reward_models == {0: str(folder(pipeline, "rm") / "model")}
-    record = records.read_record(folder(pipeline, "merge"))
-    assert record["status"] == "succeeded" and record["resolved"]["adapters"] == [sft_adapter, dpo_adapter]
+    record = records.read_stage(folder(pipeline, "merge"))
+    assert record.status == "succeeded" and record.resolved.adapters == [sft_adapter, dpo_adapter]
     assert (folder(pipeline, "dpo") / "adapter" / "weights.bin").read_text() == "dpo"
 
 
@@ -209,4 +210,4 @@ def test_an_interrupt_stops_every_running_stage_and_keeps_each(pipeline: Path) -
         kept = list(folder(pipeline, stage).parent.glob(f".{stage}.failed-*"))
         assert len(kept) == 1
         assert json.loads((kept[0] / records.RECORD).read_text())["status"] == "interrupted"
-    assert records.read_record(folder(pipeline, "sft"))["status"] == "succeeded"
+    assert records.read_stage(folder(pipeline, "sft")).status == "succeeded"

@@ -15,9 +15,10 @@ from pathlib import Path
 import yaml
 
 from align.cli import main
+from align.records import Resolved, StageRecord
 from align.report.console import ProgressLine, format_progress
 from align.run.lock import LOCK, process_started
-from align.run.records import keep_failed, publish, scratch_name, start_attempt, write_json
+from align.run.records import keep_failed, publish, scratch_name, start_attempt
 from align.stages.checkpoints import CHECKPOINTS, COMPLETE
 
 STAGES = ("sft", "dpo", "rm", "merge")
@@ -38,23 +39,30 @@ def pipeline_file(tmp_path: Path) -> Path:
     return path
 
 
+def record(stage: str, started: float, **fields) -> StageRecord:
+    """A stage's record as the controller writes it, with what this test does not look at filled in."""
+    resolved = Resolved(backend="ddp", workers=1, precision="fp32", seed=0, model="tiny")
+    return StageRecord(
+        pipeline="p", stage=stage, kind="sft", fingerprint="f", config={}, resolved=resolved, started=started
+    ).model_copy(update=fields)
+
+
 def lay_out_run(folder: Path) -> None:
     now = time.time()
     sft = scratch_name(folder / "sft")
     sft.mkdir(parents=True)
-    publish(sft, folder / "sft", {"status": "succeeded", "started": now - 60, "ended": now - 30})
+    publish(sft, folder / "sft", record("sft", now - 60, status="succeeded", ended=now - 30))
     merge = scratch_name(folder / "merge")
     merge.mkdir()
     reads = {"config": {"model": "${stages.dpo.output}"}}
-    publish(merge, folder / "merge", {"status": "succeeded", "started": now - 90, "ended": now - 80, **reads})
-    dpo = start_attempt(
-        folder / "dpo", {"started": now - 20, "config": {"model": "${stages.sft.output}"}}, None
-    )
+    publish(merge, folder / "merge", record("merge", now - 90, status="succeeded", ended=now - 80, **reads))
+    reads = {"config": {"model": "${stages.sft.output}"}}
+    dpo = start_attempt(folder / "dpo", record("dpo", now - 20, **reads), None)
     progress = {"step": 30, "max_steps": 60, "first_step": 0, "started": now - 15, "time": now, "value": None}
     (dpo / "logs").mkdir()
-    write_json(dpo / "logs" / "progress.json", progress)
-    rm = {"started": now - 50, "config": {"model": "${stages.sft.output}"}}
-    failed = {**rm, "status": "failed", "error": "DataError: bad row\nmore"}
+    (dpo / "logs" / "progress.json").write_text(json.dumps(progress))
+    rm = record("rm", now - 50, config={"model": "${stages.sft.output}"})
+    failed = rm.ended_as("failed", error="DataError: bad row\nmore")
     keep_failed(start_attempt(folder / "rm", rm, None), folder / "rm", failed)
 
 

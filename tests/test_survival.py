@@ -24,9 +24,10 @@ from align.models.loading import resolve_model
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
 from align.planning.plan import build
+from align.records import StageResult
 from align.run import records
 from align.run.controller import run_plan
-from align.run.launch import LostWorkers
+from align.run.launch import Launched, LostWorkers
 from align.run.lock import LOCK, run_lock
 from align.stages.checkpoints import COMPLETE, latest_complete
 from tests.mounts import tmpfs
@@ -42,7 +43,7 @@ class Script:
         self.torn = torn
         self.resumed: list[Path | None] = []
 
-    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> dict:
+    def __call__(self, plan, stage, scratch: Path, resume: Path | None) -> Launched:
         self.resumed.append(resume)
         checkpoints, ending = self.steps.pop(0)
         for step in checkpoints:
@@ -53,8 +54,7 @@ class Script:
         if ending is not None:
             raise ending
         (scratch / "model").mkdir(exist_ok=True)
-        (scratch / ".result.json").write_text("{}")
-        return {"output": "model", "metrics": {"loss": 1.0}, "steps": 10}
+        return Launched(StageResult(output="model", metrics={"loss": 1.0}, steps=10))
 
 
 @pytest.fixture
@@ -94,13 +94,13 @@ def test_an_interrupted_stage_is_set_aside_then_resumed_from_its_latest_complete
     ):
         run(pipeline, Script(([2, 4], Interrupted(signal.SIGINT))))
     [aside] = kept(pipeline)
-    assert records.read_record(aside)["status"] == "interrupted"
+    assert records.read_stage(aside).status == "interrupted"
     again = Script(([6], None))
     events = run(pipeline, again)
     resumed_at = next(Path(p) for p in again.resumed)
     assert resumed_at.name == "checkpoint-4" and any("resuming from step 4" in e for e in events)
-    record = records.read_record(stage_folder(pipeline))
-    assert (record["resumed_from"], record["steps_trained"], record["retries"]) == (4, 6, 0)
+    record = records.read_stage(stage_folder(pipeline))
+    assert (record.resumed_from, record.steps_trained, record.retries) == (4, 6, 0)
     assert kept(pipeline) == [] and not list(stage_folder(pipeline).parent.glob(".sft.tmp-*"))
 
 
@@ -139,7 +139,7 @@ def test_restart_throws_the_partial_work_away(pipeline):
     fresh = Script(([], None))
     run(pipeline, fresh, restart=["sft"])
     assert fresh.resumed == [None] and kept(pipeline) == []
-    assert records.read_record(stage_folder(pipeline))["resumed_from"] is None
+    assert records.read_stage(stage_folder(pipeline)).resumed_from is None
 
 
 def test_a_changed_stage_does_not_resume_an_attempt_at_the_old_one(pipeline):
@@ -156,8 +156,8 @@ def test_lost_workers_are_retried_from_the_latest_checkpoint_up_to_max_failures(
     script = Script(([2], lost), ([4], lost), ([], None))
     events = run(pipeline, script)
     assert [p.name if p else None for p in script.resumed] == [None, "checkpoint-2", "checkpoint-4"]
-    record = records.read_record(stage_folder(pipeline))
-    assert record["retries"] == 2 and [a["resumed_from"] for a in record["attempts"]] == [None, 2, 4]
+    record = records.read_stage(stage_folder(pipeline))
+    assert record.retries == 2 and [a.resumed_from for a in record.attempts] == [None, 2, 4]
     assert sum("retry" in e for e in events) == 2
     with pytest.raises(StageFailed, match=r"gave up after 2 retries \(max_failures: 2\)"):
         run(pipeline, Script(([], lost), ([], lost), ([], lost)), force=["sft"])

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError
+from align.records import Output
 from align.run import records
 
 
@@ -46,11 +47,11 @@ def stage_target(path: Path, stage: str | None, overrides: list[str]) -> ChatTar
         raise AlignError(f"--stage {stage}: no such stage in {path}; stages: {', '.join(names)}")
     root = pipeline.defaults.output_root
 
-    def output(name: str) -> dict[str, Any] | None:
-        record = records.read_record(records.stage_dir(root, pipeline.name, name))
-        if record is None or record.get("status") != "succeeded" or record.get("kind") == "eval":
+    def output(name: str) -> Output | None:
+        record = records.read_stage(records.stage_dir(root, pipeline.name, name))
+        if record is None or not record.succeeded or record.kind == "eval":
             return None
-        return record["output"]
+        return record.output
 
     if stage is None:
         stage = next((name for name in reversed(names) if output(name)), None)
@@ -61,8 +62,8 @@ def stage_target(path: Path, stage: str | None, overrides: list[str]) -> ChatTar
         kind = pipeline.stages[stage].kind
         why = "an eval stage writes no model" if kind == "eval" else f"not finished: `align run {path}`"
         raise AlignError(f"--stage {stage}: no model to chat with ({why}); name a stage that trains")
-    adapters = tuple(found["adapters"])
-    return ChatTarget(found["base"], adapters, adapters[-1] if adapters else found["base"], f"stage {stage}")
+    adapters = tuple(found.adapters)
+    return ChatTarget(found.base, adapters, adapters[-1] if adapters else found.base, f"stage {stage}")
 
 
 def load_chat_model(target: ChatTarget) -> tuple[Any, Any]:

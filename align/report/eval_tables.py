@@ -4,10 +4,10 @@ names them `eval/<model>/<reward>` with `/low`, `/high`, `/n`, `/win`, `/win_low
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from align.records import EVAL_RESULTS, EvalResults, StageRecord, read
 
 EVAL_HEADER = ["model", "reward", "mean [95% CI]", "n", "win rate vs baseline [95% CI]"]
 LM_EVAL_HEADER = ["model", "task", "metric", "value"]
@@ -101,16 +101,14 @@ def format_eval(metrics: dict[str, float], indent: str = "    ") -> list[str]:
     return lines
 
 
-def side_by_side(record: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def side_by_side(record: StageRecord) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the few prompts an eval stage shows with every model's first answer, read from its
     eval/results.json; empty when there is none."""
-    path = Path(record.get("output", {}).get("path", "")) / "results.json"
-    if not record.get("output") or not path.is_file():
+    found = read(Path(record.output.path) / EVAL_RESULTS, EvalResults) if record.output else None
+    if found is None:
         return [], []
-    results = json.loads(path.read_text())
-    models = results["models"]
+    models = found.models
     rows = [
-        [sample["prompt"], *(sample[name].replace("\n", "⏎") for name in models)]
-        for sample in results["samples"]
+        [sample["prompt"], *(sample[name].replace("\n", "⏎") for name in models)] for sample in found.samples
     ]
     return ["prompt", *models], rows

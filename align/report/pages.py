@@ -8,6 +8,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from align.records import StageRecord
 from align.report.eval_tables import (
     LM_EVAL_HEADER,
     figures,
@@ -87,23 +88,23 @@ SAMPLES = ["prompt", "before (greedy)", "after (greedy)"]
 
 def html_stage(stage: StageReport) -> str:
     """A stage's section: facts, plots, held-out metrics, samples, memory and settings."""
-    record, resolved = stage.record, stage.record.get("resolved", {})
+    record = stage.record
     parts = [f'<section id="stage-{escape(stage.name)}"><h2>{escape(stage.name)}</h2>']
-    facts = [
-        ("kind", record.get("kind", "")),
-        ("status", stage.status),
-        ("reads", ", ".join(stage.reads) or "(base model)"),
-        ("backend", f"{resolved['backend']}: {resolved.get('backend_reason', '')}" if resolved else ""),
-        ("steps trained", record.get("steps_trained", "")),
-        ("resumed from step", record.get("resumed_from") or ""),
-        ("retries", record.get("retries", "")),
-        ("ranks", where_ranks_ran(record).removeprefix(", ranks ")),
-        ("error", record.get("error", "")),
-    ]
+    reads = ", ".join(stage.reads) or "(base model)"
+    facts = [("kind", stage.kind), ("status", stage.status), ("reads", reads)]
+    if record is not None:
+        facts += [
+            ("backend", f"{record.resolved.backend}: {record.resolved.backend_reason}"),
+            ("steps trained", record.steps_trained),
+            ("resumed from step", record.resumed_from or ""),
+            ("retries", record.retries if record.succeeded else ""),  # counted once the stage ends
+            ("ranks", where_ranks_ran(record).removeprefix(", ranks ")),
+            ("error", record.error),
+        ]
     parts.append(html_table(None, [[key, value] for key, value in facts if value not in ("", None)]))
     if stage.plot is not None:
         parts.append(image(stage.plot, f"{stage.name}: " + ", ".join(stage.plot.panels)))
-    metrics = record.get("metrics", {})
+    metrics = stage.metrics
     if is_eval(metrics):
         parts.append(html_eval(stage.name, record))
     if held_out_rows(metrics):
@@ -127,10 +128,10 @@ def html_stage(stage: StageReport) -> str:
     return "\n".join(parts) + "</section>"
 
 
-def html_eval(name: str, record: dict[str, Any]) -> str:
+def html_eval(name: str, record: StageRecord) -> str:
     """An eval stage's comparison: the table, its plot with interval bars, lm-eval scores, answers side by
     side."""
-    metrics = record["metrics"]
+    metrics = record.metrics
     parts = ["<h3>Models compared (95% bootstrap intervals over prompts)</h3>"]
     if rows := table_rows(metrics):
         parts.append(html_table(header(metrics), rows))
@@ -143,8 +144,8 @@ def html_eval(name: str, record: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def markdown_eval(record: dict[str, Any]) -> list[str]:
-    metrics, lines = record.get("metrics", {}), []
+def markdown_eval(record: StageRecord) -> list[str]:
+    metrics, lines = record.metrics, []
     if rows := table_rows(metrics):
         lines += md_table(header(metrics), rows)
     if rows := harness_rows(metrics):
@@ -181,7 +182,7 @@ def markdown_stage(stage: StageReport) -> list[str]:
     lines = [f"## {stage.name}", ""]
     if stage.plot is not None:
         lines += [f"Plots: {', '.join(stage.plot.panels)}.", ""]
-    metrics = stage.record.get("metrics", {})
+    metrics = stage.metrics
     if is_eval(metrics):
         lines += markdown_eval(stage.record)
     if held_out_rows(metrics):

@@ -18,29 +18,37 @@ from typing import Any
 from align.errors import AlignError
 from align.models.memory import format_bytes
 from align.pipeline.graph import order, reference_target, strings
+from align.records import StageRecord
 from align.report.plots import Plot, dag_plot, read_log, stage_plot
-from align.run.records import RECORD, attempts, read_record
+from align.run.records import RECORD, attempts, read_stage
 
 
 @dataclass
 class StageReport:
-    """One stage as the report shows it: its record (only its kind and config when it has not run), the
-    stages it reads, its curves and what each rank measured."""
+    """One stage as the report shows it: its kind and config (from its record, or the pipeline file when it
+    has not run), its record, the stages it reads, its curves and what each rank measured."""
 
     name: str
-    record: dict[str, Any]
+    kind: str
+    config: dict[str, Any]
+    record: StageRecord | None
     reads: list[str]
     plot: Plot | None = None
     placement: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        return self.record.get("status", "not run")
+        return self.record.status if self.record else "not run"
 
     @property
     def seconds(self) -> float | None:
-        started, ended = self.record.get("started"), self.record.get("ended")
-        return ended - started if started and ended else None
+        if self.record is None or not self.record.ended:
+            return None
+        return self.record.ended - self.record.started
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.record.metrics if self.record else {}
 
 
 @dataclass
@@ -73,14 +81,14 @@ def stage_names(folder: Path) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def latest_record(folder: Path) -> dict[str, Any] | None:
+def latest_record(folder: Path) -> StageRecord | None:
     """A published stage's record, else that of its latest attempt: a failed or interrupted one, or one
     still running (or killed while it ran)."""
-    record = read_record(folder)
+    record = read_stage(folder)
     if record is not None:
         return record
-    found = [r for r in map(read_record, attempts(folder)) if r]
-    return max(found, key=lambda r: (r.get("status") != "running", r.get("started", 0)), default=None)
+    found = [r for r in map(read_stage, attempts(folder)) if r]
+    return max(found, key=lambda r: (r.status != "running", r.started), default=None)
 
 
 def run_target(target: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
@@ -94,9 +102,9 @@ def run_target(target: Path) -> tuple[Path, dict[str, dict[str, Any]]]:
     folder = Path(pipeline.defaults.output_root).resolve() / pipeline.name
     if pipeline.sweep is not None and pipeline.sweep.grid is None:  # drawn as it ran: as sweep.json says
         from align.pipeline.file import with_variants
-        from align.run.sweep import STATE, read_state
+        from align.run.sweep_state import STATE, read_state
 
-        drawn = [variant["values"] for variant in read_state(folder / STATE, pipeline.sweep)]
+        drawn = [variant.values for variant in read_state(folder / STATE, pipeline.sweep)]
         pipeline = with_variants(pipeline.sweep, drawn, pipeline.source_dir) if drawn else pipeline
     return folder, {name: stage.model_dump(mode="json") for name, stage in pipeline.stages.items()}
 
@@ -108,26 +116,29 @@ def load_run(target: Path) -> RunReport:
     found = {name: record for name, record in found.items() if record}
     if not found:
         raise AlignError(f"{folder}: no stage has run here (no {RECORD}); `align run` the pipeline first")
-    by_start = sorted(found, key=lambda name: found[name].get("started", 0))
+    by_start = sorted(found, key=lambda name: found[name].started)
     names = list(configs) or by_start
     names += [name for name in by_start if name not in names]  # stages since removed from the file
-    edges = {name: reads_from(configs.get(name) or found[name].get("config", {})) for name in names}
+    edges = {name: reads_from(configs.get(name) or found[name].config) for name in names}
     edges = {name: [dep for dep in deps if dep in edges] for name, deps in edges.items()}
-    unrun = {name: {"kind": config["kind"], "config": config} for name, config in configs.items()}
     stages = [
-        stage_report(name, found.get(name) or unrun[name], folder / name, edges[name])
+        stage_report(name, found.get(name), configs.get(name), folder / name, edges[name])
         for name in order(edges)[0]
     ]
-    labels = {stage.name: f"{stage.record.get('kind', '?')} · {stage.status}" for stage in stages}
-    pipeline = next(iter(found.values())).get("pipeline", folder.name)
+    labels = {stage.name: f"{stage.kind} · {stage.status}" for stage in stages}
+    pipeline = next(iter(found.values())).pipeline
     return RunReport(pipeline, folder, stages, dag_plot([s.name for s in stages], edges, labels))
 
 
-def stage_report(name: str, record: dict[str, Any], folder: Path, reads: list[str]) -> StageReport:
+def stage_report(
+    name: str, record: StageRecord | None, config: dict[str, Any] | None, folder: Path, reads: list[str]
+) -> StageReport:
+    """A stage's report: what its record says, else (not run yet) its config in the pipeline file."""
     logs = folder / "logs"
     placement = [json.loads(path.read_text()) for path in sorted(logs.glob("placement-rank*.json"))]
     plot = stage_plot(name, read_log(logs / "metrics.jsonl"))
-    return StageReport(name, record, reads, plot, placement)
+    kind, config = (record.kind, record.config) if record else (config["kind"], config)
+    return StageReport(name, kind, config, record, reads, plot, placement)
 
 
 def held_out_rows(metrics: dict[str, float]) -> list[tuple[str, float, float]]:
@@ -158,19 +169,10 @@ def overview_rows(run: RunReport) -> list[list[str]]:
     """One row per stage: the facts a reader scans first."""
     rows = []
     for stage in run.stages:
-        resolved = stage.record.get("resolved", {})
-        rows.append(
-            [
-                stage.name,
-                stage.record.get("kind", ""),
-                ", ".join(stage.reads) or "(base model)",
-                stage.status,
-                duration(stage.seconds),
-                str(resolved.get("backend", "")),
-                str(resolved.get("workers", "")),
-                str(resolved.get("precision", "")),
-            ]
-        )
+        resolved = stage.record.resolved if stage.record else None
+        ran = (resolved.backend, str(resolved.workers), resolved.precision) if resolved else ("", "", "")
+        row = [stage.name, stage.kind, ", ".join(stage.reads) or "(base model)", stage.status]
+        rows.append([*row, duration(stage.seconds), *ran])
     return rows
 
 
@@ -182,15 +184,15 @@ def sample_rows(stage: StageReport) -> list[list[str]]:
     which only repeats them reads as what it is."""
     return [
         [sample["prompt"], sample["before"].replace("\n", "⏎"), sample["after"].replace("\n", "⏎")]
-        for sample in stage.record.get("samples", [])
+        for sample in (stage.record.samples if stage.record else [])
     ]
 
 
 def memory_rows(stage: StageReport) -> tuple[list[list[str]], list[list[str]]]:
     """The plan's per-rank rows (what, device, host) and each rank's measured peaks and held elements."""
     plan = [
-        [row["what"], format_bytes(row["device"]), format_bytes(row["host"]) if row["host"] else ""]
-        for row in stage.record.get("memory_plan") or []
+        [row.what, format_bytes(row.device), format_bytes(row.host) if row.host else ""]
+        for row in (stage.record.memory_plan if stage.record else None) or []
     ]
     measured = [
         [
@@ -217,5 +219,6 @@ MEASURED_HEADER = [
 
 def settings(stage: StageReport) -> str:
     """The stage's config as written, and what the run resolved it to, as indented JSON."""
-    shown = {"config": stage.record.get("config", {}), "resolved": stage.record.get("resolved", {})}
+    resolved = stage.record.resolved.model_dump(mode="json") if stage.record else {}
+    shown = {"config": stage.config, "resolved": resolved}
     return json.dumps(shown, indent=2)

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from align.pipeline.graph import order
+from align.records import StageRecord
 from align.report.console import progress_text
 from align.run.launch import read_progress
 from align.run.lock import LOCK, describe, same_process
-from align.run.records import RECORD, attempts, read_record
+from align.run.records import RECORD, attempts, read_stage
 from align.stages.checkpoints import latest_complete
 
 
@@ -47,26 +48,26 @@ def live_holder(folder: Path) -> dict[str, Any] | None:
     return holder if same_process(holder["pid"], holder.get("started", 0)) else None
 
 
-def latest_attempt(final: Path) -> tuple[Path, dict[str, Any]] | None:
+def latest_attempt(final: Path) -> tuple[Path, StageRecord] | None:
     """The most recent unfinished attempt at a stage (scratch or kept failed folder) and its record."""
-    found = [(folder, record) for folder in attempts(final) if (record := read_record(folder))]
-    return max(found, key=lambda pair: pair[1].get("started", 0), default=None)
+    found = [(folder, record) for folder in attempts(final) if (record := read_stage(folder))]
+    return max(found, key=lambda pair: pair[1].started, default=None)
 
 
 def clock(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
 
 
-def where_ranks_ran(record: dict[str, Any]) -> str:
+def where_ranks_ran(record: StageRecord) -> str:
     """`, ranks on 2 nodes (0: 10.0.0.5/3f2a local 0 GPU 0, 1: 10.0.0.6/9c1b local 0 GPU 0)`: each rank's
     node IP and id (its start), its local rank, and the GPUs Ray gave it (none on CPU)."""
-    ranks = record.get("ranks") or []
+    ranks = record.ranks
     if not ranks:
         return ""
-    nodes = len({rank["node_id"] for rank in ranks})
+    nodes = len({rank.node_id for rank in ranks})
     shown = ", ".join(
-        f"{r['rank']}: {r['node_ip']}/{r['node_id'][:4]} local {r.get('local_rank', 0)}"
-        + (f" GPU {','.join(map(str, r['gpus']))}" if r.get("gpus") else "")
+        f"{r.rank}: {r.node_ip}/{(r.node_id or '')[:4]} local {r.local_rank or 0}"
+        + (f" GPU {','.join(map(str, r.gpus))}" if r.gpus else "")
         for r in ranks
     )
     return f", ranks on {nodes} node{'s' if nodes > 1 else ''} ({shown})"
@@ -75,20 +76,20 @@ def where_ranks_ran(record: dict[str, Any]) -> str:
 def stage_state(name: str, folder: Path, running: bool) -> StageState:
     """One stage's state; `running`: whether a live run holds the pipeline's folder."""
     final = folder / name
-    published = read_record(final)
+    published = read_stage(final)
     attempt = latest_attempt(final)
-    newer = attempt and attempt[1].get("started", 0) > (published or {}).get("started", 0)
-    if published and published.get("status") == "succeeded" and not newer:
-        started, ended = published.get("started", 0), published.get("ended", 0)
+    newer = attempt and attempt[1].started > (published.started if published else 0)
+    if published and published.succeeded and not newer:
+        started, ended = published.started, published.ended or 0.0
         detail = f"{ended - started:.1f}s, finished {clock(ended)}{where_ranks_ran(published)}"
         return StageState(name, "done", detail, started, ended)
     if not attempt:
         return StageState(name, "pending")
     scratch, record = attempt
     progress = read_progress(scratch)
-    if record.get("status") == "running" and running:
+    if record.status == "running" and running:
         return StageState(name, "running", progress_text(progress) if progress else "starting")
-    if record.get("status") in ("running", "interrupted"):
+    if record.status in ("running", "interrupted"):
         checkpoint = latest_complete(scratch)
         # the progress file is written at most once a second, so a checkpoint may be a few steps past it
         step = max((progress or {}).get("step", -1), checkpoint[0] if checkpoint else -1)
@@ -96,7 +97,7 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
         where = "before its first step" if step < 0 else f"at step {step}" + (f"/{total}" if total else "")
         then = f"resumes it from step {checkpoint[0]}" if checkpoint else "starts it over (no checkpoint yet)"
         return StageState(name, "interrupted", f"{where}; `align run` {then} ({scratch})")
-    why = str(record.get("error", "no error recorded")).strip().splitlines() or ["no error recorded"]
+    why = (record.error or "no error recorded").strip().splitlines() or ["no error recorded"]
     return StageState(name, "failed", f"{why[0]} ({scratch})")
 
 
@@ -127,7 +128,7 @@ def status_lines(target: Path) -> list[str]:
     folder, configs = run_target(target)
     if not configs:
         found = {name: latest_record(folder / name) for name in stage_names(folder)}
-        configs = {name: record.get("config", {}) for name, record in found.items() if record}
+        configs = {name: record.config for name, record in found.items() if record}
     if not configs:
         return [f"{folder}: no stage has run here (no {RECORD})"]
     reads = {name: reads_from(config) for name, config in configs.items()}

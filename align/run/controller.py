@@ -13,26 +13,27 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from align.config.secrets import redact
 from align.errors import AlignError, Interrupted, StageFailed
 from align.pipeline.graph import downstream, upstream
-from align.planning.plan import Plan, StagePlan, priced_at_launch
+from align.planning.plan import ModelInput, Plan, StagePlan, priced_at_launch
+from align.records import Attempt, MemoryRow, Resolved, StageRecord
 from align.run import records, stop
 from align.run.disk import check_space, probe_writable
 from align.run.inputs import fingerprint, output_of, pinned, resolve_inputs
-from align.run.launch import LostWorkers
+from align.run.launch import Launched, LostWorkers
 from align.run.lock import run_lock
 from align.run.ray_stages import RayStages, ray_launcher
-from align.run.worker import RESULT
 from align.stages.checkpoints import latest_complete, remove_torn
 
 Event = Callable[[str], None]
 
-Launcher = Callable[[Plan, StagePlan, Path, Path | None], dict[str, Any]]
+Launcher = Callable[[Plan, StagePlan, Path, Path | None], Launched]
 """Runs one attempt at a stage (its plan carries its resolved inputs) into a scratch folder, from a
-checkpoint folder when one is given; returns rank 0's result. Raises LostWorkers when a retry may help."""
+checkpoint folder when one is given; returns rank 0's result and where the ranks ran. Raises LostWorkers
+when a retry may help."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,52 @@ class Outcome:
     metrics: dict[str, float]
 
 
-def memory_plan(stage: StagePlan) -> list[dict[str, Any]] | None:
+class Steer(Protocol):
+    """What a sweep does in the run's one schedule (align/run/sweep.py): it names the stages to run from the
+    start; each turn of the schedule's loop it may add stages (`Schedule.extend`) or stop one
+    (`Schedule.stop_stage`); a stage's failure or stop that it takes as its own (a variant's) is no failure
+    of the run."""
+
+    def first(self, plan: Plan) -> list[str]: ...
+
+    def turn(self, schedule: Schedule, ray: RayStages | None) -> None: ...
+
+    def set_aside(self, stage: str, err: BaseException) -> bool: ...
+
+
+def memory_plan(stage: StagePlan) -> list[MemoryRow] | None:
     """The plan's per-rank bytes under the stage's backend, row by row as `align plan` shows them, so that
     `align report` can set them beside the peaks each rank measured; None without an architecture."""
     if stage.memory is None:
         return None
-    return [{"what": label, "device": device, "host": host} for label, device, host in stage.memory.rows()]
+    return [MemoryRow(what=label, device=device, host=host) for label, device, host in stage.memory.rows()]
+
+
+def started_record(plan: Plan, stage: StagePlan, stamp: str) -> StageRecord:
+    """The record a stage's attempt holds from its start: what produces it, as the plan resolved it."""
+    inputs = stage.inputs.model
+    resolved = Resolved(
+        backend=stage.backend,
+        backend_reason=stage.backend_reason,
+        workers=stage.workers,
+        precision=stage.precision,
+        trainable_dtype=stage.trainable_dtype,
+        seed=stage.seed,
+        model=inputs.base,
+        adapters=list(inputs.adapters),
+    )
+    return StageRecord(
+        pipeline=plan.pipeline.name,
+        stage=stage.name,
+        kind=stage.kind,
+        fingerprint=stamp,
+        config=redact(stage.stage.model_dump(mode="json")),
+        resolved=resolved,
+        memory_plan=memory_plan(stage),
+        versions=records.versions(),
+        git_sha=records.git_sha(),
+        started=time.time(),
+    )
 
 
 def run_stage(
@@ -63,62 +104,47 @@ def run_stage(
     *,
     restart: bool,
     on_event: Event,
-) -> dict[str, Any]:
+) -> StageRecord:
     """Run one stage into a scratch folder and publish it with its record; keep it aside on failure.
 
     An earlier attempt with the same fingerprint (a killed or interrupted run) is continued from its
     latest complete checkpoint, unless `restart`; a lost worker is retried up to `max_failures`."""
-    inputs = stage.inputs.model
-    record: dict[str, Any] = {
-        "pipeline": plan.pipeline.name,
-        "stage": stage.name,
-        "kind": stage.kind,
-        "fingerprint": stamp,
-        "config": redact(stage.stage.model_dump(mode="json")),
-        "resolved": {
-            "backend": stage.backend,
-            "backend_reason": stage.backend_reason,
-            "workers": stage.workers,
-            "precision": stage.precision,
-            "trainable_dtype": stage.trainable_dtype,
-            "seed": stage.seed,
-            "model": inputs.base,
-            "adapters": list(inputs.adapters),
-        },
-        "memory_plan": memory_plan(stage),
-        "versions": records.versions(),
-        "git_sha": records.git_sha(),
-        "started": time.time(),
-    }
+    record = started_record(plan, stage, stamp)
     earlier = None if restart else records.resumable(folder, stamp)
     scratch = records.start_attempt(folder, record, earlier[0] if earlier else None)
-    attempts: list[dict[str, Any]] = []
+    attempts: list[Attempt] = []
     try:
-        result = attempt_until_done(plan, stage, scratch, launch, attempts, on_event)
+        launched = attempt_until_done(plan, stage, scratch, launch, attempts, on_event)
     except (AlignError, StageFailed, KeyboardInterrupt, OSError) as err:
         status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-        record.update(status=status, ended=time.time(), error=str(err), attempts=attempts)
-        raise with_kept_folder(err, stage.name, records.keep_failed(scratch, folder, record)) from None
-    (scratch / RESULT).unlink()
+        ended = record.ended_as(status, ended=time.time(), error=str(err), attempts=attempts)
+        raise with_kept_folder(err, stage.name, records.keep_failed(scratch, folder, ended)) from None
     for leftover in (path for path in scratch.iterdir() if path.is_dir() and not any(path.iterdir())):
         leftover.rmdir()  # e.g. checkpoints/ when the stage saved none
-    resumed_from = attempts[-1]["resumed_from"]
-    record.update(
-        status="succeeded",
-        ended=time.time(),
-        metrics=result["metrics"],
-        samples=result.get("samples", []),
-        ranks=result.get("ranks", []),  # where each rank ran: node, GPUs, CPUs, local rank
-        output=output_of(result, inputs, folder),
-        resumed_from=resumed_from,
-        steps_trained=None if result.get("steps") is None else result["steps"] - (resumed_from or 0),
-        waited_s=result.get("waited_s", 0.0),  # for its workers' resources, held by other stages
-        retries=len(attempts) - 1,
-        attempts=attempts,
-    )
+    record = succeeded(record, launched, stage.inputs.model, folder, attempts)
     records.publish(scratch, folder, record)
     records.clear_attempts(folder)
     return record
+
+
+def succeeded(
+    record: StageRecord, launched: Launched, inputs: ModelInput, folder: Path, attempts: list[Attempt]
+) -> StageRecord:
+    """The record of a stage that ended well: its result, where its ranks ran, how many attempts it took."""
+    result, resumed_from = launched.result, attempts[-1].resumed_from
+    return record.ended_as(
+        "succeeded",
+        ended=time.time(),
+        metrics=result.metrics,
+        samples=result.samples,
+        ranks=launched.ranks,  # where each rank ran: node, GPUs, CPUs, local rank
+        output=output_of(result, inputs, folder),
+        resumed_from=resumed_from,
+        steps_trained=None if result.steps is None else result.steps - (resumed_from or 0),
+        waited_s=launched.waited_s,  # for its workers' resources, held by other stages
+        retries=len(attempts) - 1,
+        attempts=attempts,
+    )
 
 
 def attempt_until_done(
@@ -126,15 +152,15 @@ def attempt_until_done(
     stage: StagePlan,
     scratch: Path,
     launch: Launcher,
-    attempts: list[dict[str, Any]],
+    attempts: list[Attempt],
     on_event: Event,
-) -> dict[str, Any]:
+) -> Launched:
     """Launch the stage, each time from its latest complete checkpoint, until it ends or has lost workers
     more than `max_failures` times. Each attempt is noted in `attempts` (where it started, how it ended)."""
     while True:
         torn = remove_torn(scratch)
         checkpoint = latest_complete(scratch)
-        attempts.append({"started": time.time(), "resumed_from": checkpoint[0] if checkpoint else None})
+        attempts.append(Attempt(started=time.time(), resumed_from=checkpoint[0] if checkpoint else None))
         if torn:
             on_event(f"[{stage.name}] set aside unfinished checkpoint(s) at step {', '.join(map(str, torn))}")
         if checkpoint:
@@ -142,7 +168,7 @@ def attempt_until_done(
         try:
             return launch(plan, stage, scratch, checkpoint[1] if checkpoint else None)
         except LostWorkers as err:
-            attempts[-1]["error"] = str(err)
+            attempts[-1] = attempts[-1].model_copy(update={"error": str(err)})
             retries = len(attempts) - 1
             if retries >= stage.max_failures:
                 limit = f"max_failures: {stage.max_failures}"
@@ -194,13 +220,15 @@ def run_plan(
     on_progress: Callable[[str, dict[str, Any]], None] = lambda *_: None,
     launch: Launcher | None = None,
     command: str = "align run",
+    steer: Steer | None = None,
 ) -> list[Outcome]:
     """Run (or skip) each selected stage once its inputs are ready, side by side where the DAG and the
     cluster allow; a changed stage reruns its dependents. A failed stage stops its dependents while the
     others finish; its error is raised at the end. Ctrl-C/SIGTERM stops every running stage and keeps each.
 
     The pipeline's output folder is held for the whole run (a second run is refused) and checked
-    writable first. `launch` runs a stage; by default on the run's warm Ray workers (`ray_launch`)."""
+    writable first. `launch` runs a stage; by default on the run's warm Ray workers (`ray_launch`). `steer`
+    adds and stops stages as the run goes (a sweep's variants)."""
     wanted, forced = selected_stages(plan, list(only), [*force, *restart])
     root = plan.pipeline.defaults.output_root
     pipeline_folder = records.pipeline_dir(root, plan.pipeline.name)
@@ -212,12 +240,13 @@ def run_plan(
     ):
         if lock.stopped:
             on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
-        schedule = Schedule(plan, [n for n in plan.order if n in wanted], forced, set(restart), on_event)
+        todo = steer.first(plan) if steer is not None else [n for n in plan.order if n in wanted]
+        schedule = Schedule(plan, todo, forced, set(restart), on_event, steer=steer)
         return schedule.run(launch or ray, ray if launch is None else None)
 
 
-def up_to_date(record: dict[str, Any] | None, stamp: str) -> bool:
-    return bool(record) and record.get("status") == "succeeded" and record.get("fingerprint") == stamp
+def up_to_date(record: StageRecord | None, stamp: str) -> bool:
+    return record is not None and record.succeeded and record.fingerprint == stamp
 
 
 @dataclass
@@ -230,6 +259,7 @@ class Schedule:
     forced: set[str]
     restart: set[str]
     on_event: Event
+    steer: Steer | None = None
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     failures: dict[str, BaseException] = field(default_factory=dict)
     running: dict[Future, str] = field(default_factory=dict)
@@ -241,9 +271,14 @@ class Schedule:
         self.folders = {stage: records.stage_dir(root, name, stage) for stage in self.plan.order}
 
     def run(self, launch: Launcher, ray: RayStages | None) -> list[Outcome]:
-        with ThreadPoolExecutor(max_workers=max(1, len(self.todo)), thread_name_prefix="stage") as pool:
+        threads = 64 if self.steer else max(1, len(self.todo))  # a steer adds stages as it goes
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stage") as pool:
             try:
-                while self.todo or self.running:
+                while True:
+                    if self.steer is not None:
+                        self.steer.turn(self, ray)
+                    if not (self.todo or self.running):
+                        break
                     self.start_ready(pool, launch, ray)
                     finished, _ = wait(list(self.running), timeout=0.5, return_when=FIRST_COMPLETED)
                     self.collect(finished)
@@ -252,6 +287,17 @@ class Schedule:
         if self.failures:
             raise next(self.failures[name] for name in self.plan.order if name in self.failures)
         return [self.outcomes[name] for name in self.plan.order if name in self.outcomes]
+
+    def extend(self, plan: Plan, names: list[str]) -> None:
+        """Run `names` too, stages of `plan`: this schedule's plan with more stages (a sweep's variants)."""
+        self.plan = plan
+        root, pipeline = plan.pipeline.defaults.output_root, plan.pipeline.name
+        self.folders = {stage: records.stage_dir(root, pipeline, stage) for stage in plan.order}
+        self.todo += [name for name in plan.order if name in names and name not in self.todo]
+
+    def stop_stage(self, name: str) -> None:
+        """Stop one running stage (a variant ASHA stops): it is set aside as on Ctrl-C; the others go on."""
+        stop.request_stage(name)
 
     def start_ready(self, pool: ThreadPoolExecutor, launch: Launcher, ray: RayStages | None) -> None:
         """Skip or start, in the pipeline's order, each stage whose upstream stages all succeeded; drop the
@@ -292,11 +338,10 @@ class Schedule:
             planned = self.plan.stages[name]
             stage = pinned(replace(planned, inputs=resolve_inputs(planned, folders)))  # hub data at a commit
             stamp = fingerprint(stage, folders)
-            existing = records.read_record(folders[name])
+            existing = records.read_stage(folders[name])
             if name not in self.forced and up_to_date(existing, stamp):
                 self.on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
-                metrics = existing.get("metrics", {})
-                self.outcomes[name] = Outcome(name, "skipped", folders[name], 0.0, metrics)
+                self.outcomes[name] = Outcome(name, "skipped", folders[name], 0.0, existing.metrics)
                 continue  # its dependents come later in the order, and may be ready now
             stage = priced_at_launch(self.plan.pipeline, stage)
             check_space(stage, folders[name].parent)
@@ -306,18 +351,26 @@ class Schedule:
     def run_one(self, stage: StagePlan, stamp: str, launch: Launcher) -> Outcome:
         folder = self.folders[stage.name]
         restart = stage.name in self.restart
-        record = run_stage(self.plan, stage, stamp, folder, launch, restart=restart, on_event=self.on_event)
-        seconds, waited = record["ended"] - record["started"], record["waited_s"]  # 5 s: more than reserving
+        with stop.stage(stage.name):  # a stop of this stage alone reaches its thread
+            record = run_stage(
+                self.plan, stage, stamp, folder, launch, restart=restart, on_event=self.on_event
+            )
+        seconds, waited = record.ended - record.started, record.waited_s  # 5 s: more than reserving
         queued = f" ({waited:.0f}s of it waiting for resources)" if waited >= 5 else ""
         self.on_event(f"[{stage.name}] done in {seconds:.1f}s{queued} -> {folder}")
-        return Outcome(stage.name, "ran", folder, seconds, record["metrics"])
+        return Outcome(stage.name, "ran", folder, seconds, record.metrics)
 
     def collect(self, finished: set[Future]) -> None:
         for future in finished:
             name = self.running.pop(future)
             try:
                 self.outcomes[name] = future.result()
-            except Exception as err:  # noqa: BLE001 - the stage's own end; the others go on
+            except (Exception, Interrupted) as err:  # noqa: BLE001 - the stage's own end; the others go on
+                if self.steer is not None and self.steer.set_aside(name, err):
+                    self.not_run.add(name)  # a variant's end: the steer said it; its dependents do not run
+                    continue
+                if isinstance(err, Interrupted):  # not asked of this stage alone: the run stops
+                    raise err
                 self.failures[name] = err
                 if self.running or self.todo:  # the error itself is raised once the others end
                     self.on_event(f"[{name}] failed: {first_line(err)}")

@@ -14,6 +14,7 @@ from align.fingerprint import digest
 from align.models.loading import resolve_model
 from align.pipeline.graph import reference_target
 from align.planning.plan import ModelInput, StageInputs, StagePlan
+from align.records import Output, StageResult
 from align.run import records
 
 
@@ -23,11 +24,10 @@ def model_input(value: str, field: str, folders: dict[str, Path]) -> ModelInput:
     target = reference_target(value)
     if target is None:
         return ModelInput(resolve_model(value, field))
-    record = records.read_record(folders[target])
-    if record is None or record.get("status") != "succeeded":
+    record = records.read_stage(folders[target])
+    if record is None or not record.succeeded or record.output is None:
         raise AlignError(f"{field}: stage '{target}' has no finished output to read")
-    output = record["output"]
-    return ModelInput(output["base"], tuple(output["adapters"]))
+    return ModelInput(record.output.base, tuple(record.output.adapters))
 
 
 def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
@@ -77,7 +77,7 @@ def pinned(stage: StagePlan) -> StagePlan:
 
 def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
     """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
-    upstream_prints = {name: records.read_record(folders[name])["fingerprint"] for name in stage.upstream}
+    upstream_prints = {name: records.read_stage(folders[name]).fingerprint for name in stage.upstream}
     data = getattr(stage.stage, "data", None)
     if prompts := getattr(data, "prompts", None):  # an eval stage's
         splits = (("prompts", prompts),)
@@ -123,9 +123,9 @@ def identity(ref: Any, field: str) -> Any:
     return [data_identity(source.path, f"{field}[{index}].path") for index, source in enumerate(ref)]
 
 
-def output_of(result: dict[str, Any], inputs: ModelInput, folder: Path) -> dict[str, Any]:
+def output_of(result: StageResult, inputs: ModelInput, folder: Path) -> Output:
     """What the next stage reads: a base with its chain of adapters, or a whole model folder."""
-    path = str(folder / result["output"])
-    if result["output"] == "adapter":
-        return {"kind": "adapter", "path": path, "base": inputs.base, "adapters": [*inputs.adapters, path]}
-    return {"kind": "model", "path": path, "base": path, "adapters": []}
+    path = str(folder / result.output)
+    if result.output == "adapter":
+        return Output(kind="adapter", path=path, base=inputs.base, adapters=[*inputs.adapters, path])
+    return Output(kind="model", path=path, base=path)

@@ -18,14 +18,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from align.compat.ray import embedded_head_settings, no_sigterm_handler, print_driver_lines_with
 from align.errors import AlignError, Interrupted, StageFailed
 from align.planning.plan import StagePlan
+from align.records import RankPlace, StageResult, WorkerConfig, read_error
+from align.records.result import clear, take_result
 from align.run import stop
-from align.run.worker import ERROR, PROGRESS_FILE, RESULT
+from align.run.worker import PROGRESS_FILE
 
 if TYPE_CHECKING:
     from align.run.workers import WorkerGroup
@@ -49,6 +52,16 @@ FAILURE_GRACE_S = 5.0
 
 class LostWorkers(StageFailed):
     """Ray lost a worker (killed, out of memory, node gone): worth retrying from the latest checkpoint."""
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One attempt that ended well: rank 0's result, where each rank ran, and how long the stage waited
+    for its workers' resources (held by other stages)."""
+
+    result: StageResult
+    ranks: list[RankPlace] = field(default_factory=list)
+    waited_s: float = 0.0
 
 
 def worker_env(module_roots: list[str]) -> dict[str, str]:
@@ -258,30 +271,32 @@ def ray_launch(
     verbose: bool = False,
     on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
     services: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> StageResult:
     """Run one attempt of the stage on the warm `group` (`stage.workers` ranks), from `resume` (a
     checkpoint folder) if given; return rank 0's result. The stage's thread waits here, showing progress;
     once the run is asked to stop (Ctrl-C/SIGTERM) it stops the group's workers. A failure leaves the group
     stopped (a rank may be dead, or waiting in a collective for one that is). `services`: the clients of the
     stage's frozen models in actors of their own (align/run/services.py), sent to every rank."""
-    for stale in (ERROR, RESULT):
-        (scratch / stale).unlink(missing_ok=True)
-    config = {
-        "plan": stage,
-        "output_dir": str(scratch),
-        "resume": str(resume) if resume else None,
-        "services": services or {},
-    }
+    clear(scratch)
+    config = WorkerConfig(
+        plan=stage,
+        output_dir=str(scratch),
+        resume=str(resume) if resume else None,
+        services=services or {},
+        verbose=verbose,
+    )
     try:
-        failures = wait_for(group, group.run({**config, "verbose": verbose}), scratch, on_progress)
+        failures = wait_for(group, group.run(config), scratch, on_progress)
     except BaseException:
         group.stop()  # Ctrl-C or SIGTERM: the caller keeps the stage aside
         raise
     if not failures:
-        return json.loads((scratch / RESULT).read_text())
+        if (result := take_result(scratch)) is None:
+            raise StageFailed(f"stage '{stage.name}' ended on every rank, but rank 0 left no result")
+        return result
     group.stop()
-    if (scratch / ERROR).exists():
-        raise AlignError(json.loads((scratch / ERROR).read_text())["message"]) from None
+    if (error := read_error(scratch)) is not None:
+        raise AlignError(error.message) from None
     from ray.exceptions import RayTaskError
 
     own = {rank: err for rank, err in failures.items() if isinstance(err, RayTaskError)}

@@ -15,7 +15,7 @@ from typing import Any
 from align.errors import AlignError, Interrupted
 from align.planning.plan import Plan, StagePlan
 from align.run import records
-from align.run.launch import connect, connected, disconnect, ray_launch, worker_env
+from align.run.launch import Launched, connect, connected, disconnect, ray_launch, worker_env
 from align.run.lock import RunLock
 from align.run.services import stage_services
 from align.run.workers import GroupShape, WarmWorkers
@@ -50,7 +50,7 @@ class RayStages:
             raise Interrupted(err.signum, where) from None
         self.on_event(which)
 
-    def __call__(self, plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> dict[str, Any]:
+    def __call__(self, plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> Launched:
         """One attempt at `stage`, on a group of its shape; a new group first proves that every rank reads
         the output root. The embedded Ray's processes are noted under the run's lock, so that a later run
         can stop them should this driver be killed."""
@@ -74,7 +74,7 @@ class RayStages:
                 )
         finally:
             self.workers.release(stage.name)
-        return {**result, "ranks": group.placement, "waited_s": waited}
+        return Launched(result, group.placement, waited)
 
 
 @contextmanager

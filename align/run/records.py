@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from align.fingerprint import file_digest
+from align.records import StageRecord, read, write
 from align.stages.checkpoints import latest_complete
 
 RECORD = "align-stage.json"
@@ -52,17 +53,10 @@ def scratch_name(final: Path) -> Path:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write `path` whole or not at all: a full disk leaves the old file (or none), never a torn one."""
+    """Plain JSON written whole, for the sweep's state until it is a typed record."""
     scratch = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}"
-    try:
-        with open(scratch, "w") as out:
-            out.write(json.dumps(data, indent=2, default=str) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        scratch.unlink(missing_ok=True)
-        raise
+    scratch.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(scratch, path)
 
 
 def attempts(final: Path) -> list[Path]:
@@ -77,9 +71,9 @@ def resumable(final: Path, fingerprint: str) -> tuple[Path, int] | None:
     """The earlier attempt with this fingerprint that got furthest (its latest complete checkpoint)."""
     found = []
     for folder in attempts(final):
-        record = read_record(folder)
+        record = read_stage(folder)
         checkpoint = latest_complete(folder)
-        if record and record.get("fingerprint") == fingerprint and checkpoint:
+        if record and record.fingerprint == fingerprint and checkpoint:
             found.append((checkpoint[0], folder.stat().st_mtime, folder))
     if not found:
         return None
@@ -87,7 +81,7 @@ def resumable(final: Path, fingerprint: str) -> tuple[Path, int] | None:
     return folder, step
 
 
-def start_attempt(final: Path, record: dict[str, Any], resume: Path | None) -> Path:
+def start_attempt(final: Path, record: StageRecord, resume: Path | None) -> Path:
     """The scratch folder of this attempt, holding its "running" record: an earlier attempt's folder
     (renamed back to a scratch name) when resuming, else a new one."""
     scratch = scratch_name(final)
@@ -95,7 +89,7 @@ def start_attempt(final: Path, record: dict[str, Any], resume: Path | None) -> P
         os.rename(resume, scratch)
     else:
         scratch.mkdir(parents=True)
-    write_json(scratch / RECORD, {**record, "status": "running"})
+    write(scratch / RECORD, record.ended_as("running"))
     return scratch
 
 
@@ -105,8 +99,13 @@ def clear_attempts(final: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def read_stage(folder: Path) -> StageRecord | None:
+    """The record of a stage folder (finished, or an attempt's), or None."""
+    return read(folder / RECORD, StageRecord)
+
+
 def read_record(folder: Path) -> dict[str, Any] | None:
-    """The record of a finished stage folder, or None."""
+    """The record of a stage folder as plain JSON, for the sweep until it reads `read_stage`."""
     try:
         return json.loads((folder / RECORD).read_text())
     except (OSError, ValueError):
@@ -151,9 +150,9 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None
 
 
-def publish(scratch: Path, final: Path, record: dict[str, Any]) -> None:
+def publish(scratch: Path, final: Path, record: StageRecord) -> None:
     """Write the record last, then swap the scratch folder into place."""
-    write_json(scratch / RECORD, record)
+    write(scratch / RECORD, record)
     if final.exists():
         retired = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(final, retired)
@@ -163,11 +162,11 @@ def publish(scratch: Path, final: Path, record: dict[str, Any]) -> None:
         os.rename(scratch, final)
 
 
-def keep_failed(scratch: Path, final: Path, record: dict[str, Any]) -> Path:
+def keep_failed(scratch: Path, final: Path, record: StageRecord) -> Path:
     """Set a failed stage's partial outputs aside with a record of the failure. On a full disk the record
     may not fit; the folder is moved aside all the same, keeping its "running" record."""
     try:
-        write_json(scratch / RECORD, record)
+        write(scratch / RECORD, record)
     except OSError:
         pass
     failed = final.parent / f".{final.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"

@@ -7,19 +7,16 @@ points at the log. `align run -v` streams the workers' output as well.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-RESULT = ".result.json"
-ERROR = ".error.json"
+from align.records import StageError, WorkerConfig, write_error, write_result
+
 PROGRESS_FILE = "logs/progress.json"
 
 
@@ -57,35 +54,36 @@ def output_to(log: Path) -> Iterator[None]:
             os.close(saved[1])
 
 
-def train_loop(config: dict[str, Any]) -> None:
+def train_loop(config: WorkerConfig) -> None:
     """One rank of one stage: run it; rank 0 leaves its result for the driver."""
     rank = int(os.environ.get("RANK", "0"))
-    output_dir = Path(config["output_dir"])
-    if config.get("verbose"):
+    config = config.checked()
+    output_dir = Path(config.output_dir)
+    if config.verbose:
         run_stage(config, rank, output_dir)
         return
     with output_to(output_dir / "logs" / f"worker-{rank}.log"):
         run_stage(config, rank, output_dir)
 
 
-def run_stage(config: dict[str, Any], rank: int, output_dir: Path) -> None:
+def run_stage(config: WorkerConfig, rank: int, output_dir: Path) -> None:
     from align.errors import AlignError
     from align.stages import run_seeded
     from align.stages.context import StageContext
 
     quiet_libraries()
-    plan = config["plan"]
-    resume = Path(config["resume"]) if config.get("resume") else None
-    services = config.get("services") or {}
-    context = StageContext(plan=plan, output_dir=output_dir, rank=rank, resume_from=resume, services=services)
+    resume = Path(config.resume) if config.resume else None
+    context = StageContext(
+        plan=config.plan, output_dir=output_dir, rank=rank, resume_from=resume, services=config.services
+    )
     try:
         result = run_seeded(context)
     except AlignError as err:  # a user error found late: the driver reports it plainly
         if rank == 0:
-            (output_dir / ERROR).write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
+            write_error(output_dir, StageError(type=type(err).__name__, message=str(err)))
         raise
     except BaseException:
         traceback.print_exc()  # into this rank's log, which the driver's one-line error points at
         raise
     if rank == 0:
-        (output_dir / RESULT).write_text(json.dumps(asdict(result)))
+        write_result(output_dir, result)

@@ -23,6 +23,7 @@ from typing import Any
 
 from align.compat.accelerate import reset_accelerate_state
 from align.planning.resources import shared_cpus
+from align.records import RankPlace, WorkerConfig
 from align.run import stop
 from align.run.reservation import Turns, reserve
 
@@ -78,7 +79,7 @@ class StageWorker:
             timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
         )
 
-    def run(self, config: dict[str, Any]) -> None:
+    def run(self, config: WorkerConfig) -> None:
         """Run one stage on this rank, then leave the process as the next stage expects to find it."""
         from align.run.worker import train_loop
 
@@ -196,24 +197,20 @@ class WorkerGroup:
         stage: str,
         say: Callable[[str], None],
         holders: Callable[[], list[str]] = list,
-        within: Any = None,
     ) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.shape, self.stopped, self.actors = shape, False, []
         bundle = dict(shape.bundle)
-        self.owned = within is None  # else a sweep variant's, which Ray Tune reserved for its trial
-        self.placement_group = within or reserve(
-            stage, [bundle] * shape.workers, shape.strategy, shape.wait_s, say, holders
-        )
-        first = self.placement_group.bundle_count - shape.workers  # after the trial's own, if any
+        bundles = [bundle] * shape.workers
+        self.placement_group = reserve(stage, bundles, shape.strategy, shape.wait_s, say, holders)
         try:
             custom = {key: value for key, value in bundle.items() if key not in ("CPU", "GPU")}
             remote = ray.remote(max_restarts=0, max_concurrency=1)(StageWorker)
             for index in range(shape.workers):
                 strategy = PlacementGroupSchedulingStrategy(
-                    self.placement_group, placement_group_bundle_index=first + index
+                    self.placement_group, placement_group_bundle_index=index
                 )
                 options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "resources": custom}
                 self.actors.append(remote.options(scheduling_strategy=strategy, **options).remote())
@@ -225,14 +222,14 @@ class WorkerGroup:
                 [(node, gpus) for _, gpus, node in places], master, shape.gpu, shape.process_group
             )
             self.placement = [
-                {
-                    "rank": r,
-                    "node_ip": ip,
-                    "node_id": node,
-                    "local_rank": int(env_r.get("LOCAL_RANK", 0)),
-                    "gpus": gpus,
-                    "cpus": bundle["CPU"],  # its share where it shared an embedded Ray's cores
-                }
+                RankPlace(
+                    rank=r,
+                    node_ip=ip,
+                    node_id=node,
+                    local_rank=int(env_r.get("LOCAL_RANK", 0)),
+                    gpus=gpus,
+                    cpus=bundle["CPU"],  # its share where it shared an embedded Ray's cores
+                )
                 for r, ((ip, gpus, node), env_r) in enumerate(zip(places, ranks, strict=True))
             ]
             backend = ("nccl" if shape.gpu else "gloo") if shape.process_group else None
@@ -245,7 +242,7 @@ class WorkerGroup:
             self.stop()
             raise
 
-    def run(self, config: dict[str, Any]) -> list[Any]:
+    def run(self, config: WorkerConfig) -> list[Any]:
         return [actor.run.remote(config) for actor in self.actors]
 
     def unreadable(self, probe: str, expected: str) -> list[int]:
@@ -262,8 +259,7 @@ class WorkerGroup:
             return
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        if self.owned:
-            remove_placement_group(self.placement_group)
+        remove_placement_group(self.placement_group)
         self.stopped = True
 
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from align.config.spec import KINDS
 
 if TYPE_CHECKING:
-    from align.stages.context import StageContext, StageResult
+    from align.records import StageResult
+    from align.stages.context import StageContext
 
 
 def runner_for(kind: str) -> ModuleType:

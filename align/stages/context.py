@@ -103,17 +103,6 @@ class StageContext:
         return {"": int(os.environ.get("LOCAL_RANK", "0"))} if self.plan.accelerator else "cpu"
 
 
-@dataclass
-class StageResult:
-    """What a runner produced: `adapter` or `model` (a folder of that name), its final metrics, and greedy
-    completions of held-out prompts before and after (`stages/samples.py`)."""
-
-    output: str
-    metrics: dict[str, float] = field(default_factory=dict)
-    steps: int | None = None  # the optimizer step training ended at (a resumed run counts from its start)
-    samples: list[dict[str, str]] = field(default_factory=list)
-
-
 def load_stage_model(
     ctx: StageContext, *, quantize_4bit: bool = False, frozen: bool = False, tokenizer: Any = None
 ) -> torch.nn.Module:

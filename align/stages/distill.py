@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from align.stages.context import StageContext, StageResult, load_stage_model, on_training_device
+from align.records import StageResult
+from align.stages.context import StageContext, load_stage_model, on_training_device
 from align.stages.distill_measure import teacher_measure
 from align.stages.preamble import preamble
 from align.stages.training import Training, train_stage

@@ -14,7 +14,8 @@ from typing import Any
 
 from align.measures.heldout import PairLogprobs, pair_logprobs
 from align.planning.placement import REFERENCE_ACTOR, REFERENCE_PRECOMPUTED
-from align.stages.context import StageContext, StageResult, frozen_reference
+from align.records import StageResult
+from align.stages.context import StageContext, frozen_reference
 from align.stages.preamble import preamble
 from align.stages.services import Waited, with_remote_reference
 from align.stages.training import Training, no_measure, suffixed, train_stage

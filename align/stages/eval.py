@@ -20,19 +20,13 @@ import torch
 
 from align.data.loading import load_data
 from align.measures.stats import mean_interval, win_rate
-from align.stages.context import (
-    StageContext,
-    StageResult,
-    load_stage_model,
-    on_training_device,
-    stage_tokenizer,
-)
+from align.records import EVAL_RESULTS, EvalResults, StageResult, write
+from align.stages.context import StageContext, load_stage_model, on_training_device, stage_tokenizer
 from align.stages.eval_answers import answers, shaped
 from align.stages.rl import Rewards, stage_rewards
 from align.stages.samples import shown
 
 OUTPUT = "eval"
-RESULTS = "results.json"
 ANSWERS = "answers.jsonl"
 SIDE_BY_SIDE = 8  # prompts shown with every model's answer
 TOTAL = "total"  # the weighted sum, when a stage has more than one reward
@@ -151,17 +145,17 @@ def conclude(ctx: StageContext, rows: Any, parts: list[Any], names: list[str], s
             out.write(json.dumps(line) + "\n")
             if len(samples) < SIDE_BY_SIDE:
                 samples.append({"prompt": line["prompt"], **{n: a[0] for n, a in line["answers"].items()}})
-    results = {
-        "baseline": baseline,
-        "models": models,
-        "rewards": reward_names,
-        "prompts": len(order),
-        "generation": stage.generation.model_dump(),
-        "figures": figures,
-        "lm_eval": harness,
-        "samples": samples,
-    }
-    (folder / RESULTS).write_text(json.dumps(results, indent=1))
+    results = EvalResults(
+        baseline=baseline,
+        models=models,
+        rewards=reward_names,
+        prompts=len(order),
+        generation=stage.generation.model_dump(mode="json"),
+        figures=figures,
+        lm_eval=harness,
+        samples=samples,
+    )
+    write(folder / EVAL_RESULTS, results)
     return StageResult(output=OUTPUT, metrics=flat_metrics(figures, harness))
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from align.errors import DataError
 from align.measures.heldout import label_scores, preference_scores
 from align.planning.placement import REFERENCE_PRECOMPUTED
-from align.stages.context import StageContext, StageResult, frozen_reference
+from align.records import StageResult
+from align.stages.context import StageContext, frozen_reference
 from align.stages.preamble import preamble
 from align.stages.training import Training, no_measure, suffixed, train_stage
 

@@ -12,7 +12,8 @@ import torch
 
 from align.errors import StageFailed
 from align.planning.plan import ModelInput
-from align.stages.context import StageContext, StageResult, load_stage_model, stage_tokenizer
+from align.records import StageResult
+from align.stages.context import StageContext, load_stage_model, stage_tokenizer
 from align.stages.export import publish
 from align.stages.samples import SAMPLE_PROMPTS, greedy_completions, paired
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 
 from align.measures.heldout import preference_scores
-from align.stages.context import StageContext, StageResult
+from align.records import StageResult
+from align.stages.context import StageContext
 from align.stages.preamble import preamble
 from align.stages.training import Training, no_measure, suffixed, train_stage
 

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from align.planning.placement import VALUE_ADAPTER
-from align.stages.context import StageContext, StageResult, on_training_device
+from align.records import StageResult
+from align.stages.context import StageContext, on_training_device
 from align.stages.preamble import Preamble, preamble
 from align.stages.rl import Rewards, held_out_measure, signal_watch, stage_rewards
 from align.stages.services import Waited, ppo_reference, remote_rewards

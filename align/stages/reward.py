@@ -15,7 +15,8 @@ import torch
 
 from align.measures.heldout import training_text
 from align.models.loading import load_pretrained
-from align.stages.context import StageContext, StageResult, merged_input
+from align.records import StageResult
+from align.stages.context import StageContext, merged_input
 from align.stages.preamble import preamble
 from align.stages.training import Training, no_measure, train_stage
 

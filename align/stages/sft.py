@@ -4,7 +4,8 @@ asks otherwise (align/data/batching.py)."""
 from __future__ import annotations
 
 from align.data.batching import PADDING_FREE, truncated, without_length_limit
-from align.stages.context import StageContext, StageResult
+from align.records import StageResult
+from align.stages.context import StageContext
 from align.stages.preamble import preamble
 from align.stages.training import Training, train_stage
 

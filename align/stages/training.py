@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from align.stages.context import DTYPES, StageContext, StageResult, on_training_device
+from align.records import StageResult
+from align.stages.context import DTYPES, StageContext, on_training_device
 from align.stages.export import publish
 from align.stages.samples import greedy_completions, paired
 from align.trainers.sampling import train_runtime
@@ -106,7 +107,8 @@ def train_stage(ctx: StageContext, training: Training) -> StageResult:
     clock.lap("save")
     metrics.update(clock.seconds)
     samples = paired(prompts, completions_before, completions_after)
-    return StageResult(training.output, metrics, trainer.state.global_step, samples)
+    steps = trainer.state.global_step
+    return StageResult(output=training.output, metrics=metrics, steps=steps, samples=samples)
 
 
 @dataclass
