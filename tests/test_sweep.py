@@ -123,29 +123,41 @@ def test_a_stage_that_reads_the_swept_one_is_repeated_per_variant(tmp_path) -> N
 
 
 def test_asha_hears_each_logged_step_once_however_far_apart_the_file_is_read() -> None:
-    """The progress file is read seconds apart: every step logged since the last read reaches Tune at its own
+    """The progress file is read seconds apart: every step logged since the last read reaches ASHA at its own
     step, in order, once; the last step waits for the variant's end."""
-    from align.run.sweep import Reporter
+    from align.run.tune_search import LoggedSteps
 
-    class Heard(Reporter):
-        def send(self, result: dict) -> None:
-            heard.append({"step": self.step, **result})
-
-    heard: list[dict] = []
-    reporter = Heard("dpo")
+    steps = LoggedSteps()
+    heard: list[tuple[int, float]] = []
     recent = [{"step": step, "values": {"loss": 1.0 / step}} for step in range(1, 9)]
     read = {"max_steps": 8, "step": 5, "recent": recent[:5]}
-    reporter.progress("dpo", read)
-    reporter.progress("dpo", read)  # read again before the next write: nothing new
-    reporter.progress("dpo", {**read, "step": 7, "recent": recent[:7]})
-    reporter.progress("dpo", {**read, "step": 8, "recent": recent})
-    losses = [(result["step"], result["loss"]) for result in heard if "loss" in result]
-    assert losses == [(step, 1.0 / step) for step in range(1, 8)]
-    assert [result["step"] for result in heard if "progress" in result] == [5, 7]
+    for entry in [
+        read,
+        read,
+        {**read, "step": 7, "recent": recent[:7]},
+        {**read, "step": 8, "recent": recent},
+    ]:
+        heard += [(event.step, event.values["loss"]) for event in steps.new("dpo", entry)]  # read twice: once
+    assert heard == [(step, 1.0 / step) for step in range(1, 8)]
 
-    heard.clear()  # a stage so fast that the file is first read at its end: its steps reach Tune all the same
-    Heard("dpo").progress("dpo", {**read, "step": 8, "recent": recent})
-    assert [result["step"] for result in heard] == list(range(1, 8))
+    # a stage so fast that the file is first read at its end: its steps reach ASHA all the same
+    assert [event.step for event in LoggedSteps().new("dpo", {**read, "step": 8, "recent": recent})] == list(
+        range(1, 8)
+    )
+
+
+def test_asha_stops_the_variant_that_lags_at_a_rung() -> None:
+    """Tune's ASHA, driven without a Tuner: the first variant sets the rungs; one worse at a rung stops there,
+    one better goes on (a Ray whose ASHA reads more of a trial than its id fails here)."""
+    from align.config.sweep import EarlyStop
+    from align.run.tune_search import EarlyStopper, Logged
+
+    stopper = EarlyStopper(EarlyStop(metric="loss", mode="min", grace_steps=2, reduction_factor=2), max_t=8)
+    assert all(stopper.judge(Logged("dpo[lr=1]", step, {"loss": 1.0 / step})) is None for step in range(1, 8))
+    assert stopper.judge(Logged("dpo[lr=3]", 2, {"loss": 0.1})) is None  # better than 0.5 at step 2
+    stop = stopper.judge(Logged("dpo[lr=2]", 2, {"loss": 0.9}))
+    assert stop is not None and stop.step == 2
+    assert stop.reason == "stopped early by ASHA at step 2 (loss 0.9, min is better)"
 
 
 @pytest.mark.integration

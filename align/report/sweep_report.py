@@ -24,7 +24,7 @@ from align.report.pages import md_table
 from align.report.plots import sweep_plot
 from align.report.run_folder import number
 from align.run.records import pipeline_dir, read_record
-from align.run.sweep import STATE, key, read_state
+from align.run.sweep_state import STATE, VariantEnd, key, read_state
 
 BEST = "best"
 PAGE = "sweep-report.md"
@@ -103,10 +103,11 @@ def read_sweep(pipeline: Pipeline, file: str, overrides: list[str]) -> SweepRepo
             else f"no {state}"
         )
         raise AlignError(f"the sweep of {file} has not run yet: {why}; `{run}` runs it")
-    drawn = {key(entry["values"]): entry for entry in known}
+    drawn = {entry.key for entry in known}
     unrun = [values for values in sweep.grid or [] if key(values) not in drawn]
     evals = {name: (read_record(folder / name) or {}).get("metrics", {}) for name in sweep.evals}
-    variants = [variant(sweep, folder, evals, entry) for entry in [*known, *({"values": v} for v in unrun)]]
+    variants = [variant(sweep, folder, evals, entry.values, entry) for entry in known]
+    variants += [variant(sweep, folder, evals, values, None) for values in unrun]
     return SweepReport(pipeline.name, folder, sweep, baseline(pipeline), ranked(variants, sweep.spec.mode))
 
 
@@ -138,10 +139,16 @@ def variant_metrics(
     return found
 
 
-def variant(sweep: Sweep, folder: Path, evals: dict[str, dict[str, float]], entry: dict[str, Any]) -> Variant:
-    """One entry of `sweep.json` (or a grid's variant not run yet, with no status) as a row; its figures
-    only if it finished."""
-    values, status = entry["values"], entry.get("status", NOT_RUN)
+def variant(
+    sweep: Sweep,
+    folder: Path,
+    evals: dict[str, dict[str, float]],
+    values: dict[str, Any],
+    entry: VariantEnd | None,
+) -> Variant:
+    """One entry of `sweep.json` (or a grid's variant not run yet, with none) as a row; its figures only if
+    it finished."""
+    status = entry.status if entry is not None else NOT_RUN
     label = sweep.label(values)
     if status != "succeeded":
         return Variant(values, label, status, ending(entry))
@@ -156,13 +163,13 @@ def variant(sweep: Sweep, folder: Path, evals: dict[str, dict[str, float]], entr
     return Variant(values, label, status, "done", value, bounds, win)
 
 
-def ending(entry: dict[str, Any]) -> str:
+def ending(entry: VariantEnd | None) -> str:
     """How a variant that did not finish ended, for a person."""
-    status = entry.get("status", NOT_RUN)
+    status = entry.status if entry is not None else NOT_RUN
     if status == "stopped":
-        return entry.get("reason") or f"stopped early by ASHA at step {entry.get('step')}"
+        return entry.reason or f"stopped early by ASHA at step {entry.step}"
     if status == "failed":
-        return f"failed: {entry.get('error') or 'see its stages logs/'}"
+        return f"failed: {entry.error or 'see its stages logs/'}"
     if status == "interrupted":
         return "interrupted: the next `align run` resumes it"
     return "not run yet"
