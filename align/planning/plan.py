@@ -12,60 +12,43 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from align.backends import BACKENDS, Backend
-from align.config.spec import KINDS, DistillStage, Pipeline, RewardedStage, StageBase, TrainingStage
+from align.config.data_settings import DataSpec
+from align.config.eval_settings import EvalDataSpec
+from align.config.reward import RewardSpec
+from align.config.spec import KINDS, LoraSpec, Pipeline, StageBase
+from align.config.stage_parts import data_of, eval_models_of, lora_of, rewards_of, teacher_of, trl_of
+from align.config.teacher import TeacherSpec
 from align.data.batching import sft_batching
 from align.errors import ConfigError
-from align.models.architectures import ALL_LINEAR, Architecture, LoraTargets
+from align.models.architectures import LoraTargets
 from align.models.chat_templates import ChatTemplate
-from align.models.memory import USABLE_FRACTION, MemoryEstimate, Workload, describe_workload, format_bytes
-from align.models.precision import PURE, compute_dtype, precision_problems, trainable_dtype
+from align.models.memory import USABLE_FRACTION, MemoryEstimate, describe_workload, format_bytes
+from align.models.precision import compute_dtype, precision_problems, trainable_dtype
 from align.pipeline.graph import order, references
-from align.pipeline.trl_args import trl_setting
 from align.planning.hardware import Hardware
 from align.planning.host import host_problems
+from align.planning.inputs import ModelInput as ModelInput  # read from here by stages and run
+from align.planning.inputs import StageInputs as StageInputs
 from align.planning.lora import LMHead, lm_head, trained_rows
 from align.planning.losses import loss_words
 from align.planning.model_sizes import reward_model_params, stage_architecture, teacher_params
 from align.planning.model_sizes import root_model as root_model  # read from here by report/rows_view.py
 from align.planning.placement import (
-    VALUE_ADAPTER,
-    VALUE_NONE,
     Placement,
-    frozen_models,
     plan_placement,
     with_services,
 )
 from align.planning.resources import Request, stage_request
 from align.planning.services import stage_services
 from align.planning.stage_facts import StageFacts, stage_facts
+from align.planning.workload import PROMPT_TOKENS as PROMPT_TOKENS  # read from here by tests
+from align.planning.workload import micro_batch, sequence_length, workload
 
-PROMPT_TOKENS = 512
-"""The prompt length the plan assumes for online RL (ppo, grpo, rloo): none of their configs caps a
-prompt, so a trained sequence is this plus `max_completion_length`. An assumption, not a limit."""
 ZERO2_MAX_PARAMS = 13_000_000_000
 """ZeRO-2 replicates the weights on every rank; from 13B up `auto` prefers full sharding."""
-
-
-@dataclass(frozen=True)
-class ModelInput:
-    """A stage's input model: a base folder plus the adapters to apply on it, in order."""
-
-    base: str
-    adapters: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class StageInputs:
-    """The folders a stage reads, resolved on the driver from builtins, paths and upstream records:
-    its model, each reward model by its index in `rewards:`, an eval stage's named models, and a distill
-    stage's teacher."""
-
-    model: ModelInput
-    reward_models: dict[int, str] = field(default_factory=dict)
-    models: dict[str, ModelInput] = field(default_factory=dict)  # an eval stage's, by name
-    teacher: ModelInput | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +89,31 @@ class StagePlan:
         return f"stages.{self.name}"
 
     @property
+    def lora(self) -> LoraSpec | None:
+        """Its `lora:` block, read from the kind that has one (align/config/stage_parts.py)."""
+        return lora_of(self.stage)
+
+    @property
+    def trl(self) -> dict[str, Any]:
+        return trl_of(self.stage)
+
+    @property
+    def data(self) -> DataSpec | EvalDataSpec | None:
+        return data_of(self.stage)
+
+    @property
+    def rewards(self) -> list[RewardSpec]:
+        return rewards_of(self.stage)
+
+    @property
+    def teacher(self) -> TeacherSpec | None:
+        return teacher_of(self.stage)
+
+    @property
+    def eval_models(self) -> dict[str, str]:
+        return eval_models_of(self.stage)
+
+    @property
     def process_group(self) -> bool:
         """Whether its ranks join a process group, as its backend says (one DDP rank runs without)."""
         return BACKENDS[self.backend].needs_process_group(self.workers)
@@ -118,71 +126,6 @@ class Plan:
     edges: dict[str, list[str]]
     stages: dict[str, StagePlan]
     hardware: Hardware
-
-
-UPCASTS_4BIT_BASE = ("ppo",)
-"""Kinds whose QLoRA base is prepared by peft's `prepare_model_for_kbit_training` (align's PPO,
-stages/ppo.py): every weight left out of NF4 is upcast to fp32, about 2.1 GB for Llama-3-8B's embeddings and
-head. TRL's trainers leave those weights at the compute dtype."""
-
-
-def workload(
-    stage: StageBase,
-    precision: str,
-    placement: Placement,
-    arch: Architecture,
-    reward_params: dict[int, int] | None = None,
-    token_rows: int = 0,
-    teacher: int = 0,
-) -> Workload:
-    """What the memory plan counts for a stage; `reward_params` as `reward_model_params` gives them,
-    `token_rows` the embedding rows LoRA trains beside its adapters (a chat template's, planning/lora.py),
-    and `teacher` a distill stage's teacher's parameters (`teacher_params`).
-
-    A PPO critic trains beside the policy: its head, and under `value: adapter` a second LoRA adapter
-    whose forward through the shared trunk is kept for backward too. Rollouts (generation, and the
-    no-grad forwards of reference, reward models and critic) are transient and not counted.
-    """
-    lora = stage.lora if isinstance(stage, TrainingStage) else None
-    trl = stage.trl if isinstance(stage, TrainingStage) else {}
-    targets = tuple(lora.target_modules) if lora and isinstance(lora.target_modules, list) else ALL_LINEAR
-    critic = 0
-    if placement.value != VALUE_NONE:
-        critic = arch.hidden_size + 1  # the value head, hidden -> 1 with a bias
-    if placement.value == VALUE_ADAPTER:
-        critic += arch.lora_param_count(lora.r, targets)
-    checkpointing = trl.get("activation_checkpointing") or trl_setting(
-        stage.kind, trl, "gradient_checkpointing"
-    )
-    compute = compute_dtype(precision)
-    return Workload(
-        dtype="bf16" if compute == "fp32" and lora and lora.load_in_4bit else compute,
-        pure=precision == PURE,
-        lora_rank=lora.r if lora else None,
-        lora_targets=targets,
-        quantize_4bit=bool(lora and lora.load_in_4bit),
-        upcast_unpacked=bool(lora and lora.load_in_4bit and stage.kind in UPCASTS_4BIT_BASE),
-        frozen_models=frozen_models(placement, arch.param_count(), compute, reward_params, teacher),
-        micro_batch_size=micro_batch(stage),
-        seq_len=sequence_length(stage),
-        gradient_checkpointing=bool(checkpointing),
-        extra_trainable=critic + token_rows * arch.hidden_size,
-        trunk_passes=2 if placement.value == VALUE_ADAPTER else 1,
-    )
-
-
-def micro_batch(stage: StageBase) -> int:
-    """Sequences per forward of a training stage: a DPO pair is two."""
-    batch = trl_setting(stage.kind, stage.trl, "per_device_train_batch_size")
-    return int(batch) * KINDS[stage.kind].sequences
-
-
-def sequence_length(stage: StageBase) -> int:
-    """Tokens per trained sequence: `max_length`, or for online RL and distillation a prompt plus its
-    completion."""
-    if isinstance(stage, RewardedStage | DistillStage):
-        return PROMPT_TOKENS + int(trl_setting(stage.kind, stage.trl, "max_completion_length"))
-    return int(trl_setting(stage.kind, stage.trl, "max_length") or 1024)
 
 
 def auto_order(lora: bool, workers: int) -> tuple[str, ...]:
@@ -213,7 +156,7 @@ def choose_backend(
             "ddp",
             "one CPU rank: nothing to shard, and offloading to the host it already runs on gains nothing",
         )
-    lora = getattr(stage, "lora", None) is not None
+    lora = lora_of(stage) is not None
     offered = [BACKENDS[name] for name in auto_order(lora, workers)]
     offered = [backend for backend in offered if not backend.problems(stage, where, workers, precision)]
     if not offered:
@@ -277,7 +220,7 @@ def requested_backend(facts: StageFacts) -> tuple[str, str]:
             arch, workload(stage, facts.precision, ddp, arch, facts.rewards, teacher=facts.teacher)
         )
     else:
-        what = "LoRA" if getattr(stage, "lora", None) else "full parameters"
+        what = "LoRA" if lora_of(stage) else "full parameters"
 
     def as_it_would_run(backend: Backend) -> MemoryEstimate | None:
         placement = plan_placement(stage, backend, precompute=facts.precompute_asked)
