@@ -11,11 +11,12 @@ import pytest
 from pages import ink, inline_images
 
 from align.cli import main
-from align.records import StageRecord, write
+from align.records import write
 from align.report.pages import write_report
 from align.report.plots import dag_plot, panels, series, stage_plot
 from align.report.run_folder import load_run
 from pipelines import stage, write_pipeline
+from tests.fake_records import a_record
 
 
 def history(steps: int, **curves: float) -> list[dict]:
@@ -118,10 +119,7 @@ def write_stage(run: Path, name: str, record: dict, log: list[dict] | None = Non
     """A stage folder as `align run` leaves it: its record, its log and one rank's placement file."""
     where = run / (folder or name)
     (where / "logs").mkdir(parents=True)
-    resolved = {"backend": "ddp", "workers": 1, "precision": "fp32", "seed": 0, "model": "tiny"}
-    resolved |= record.pop("resolved", {})
-    filled = {"pipeline": "demo", "stage": name, "fingerprint": "f", "config": {}, "resolved": resolved}
-    write(where / "align-stage.json", StageRecord.model_validate({**filled, **record}))
+    write(where / "align-stage.json", a_record(name, **{"pipeline": "demo", **record}))
     if log is not None:
         (where / "logs" / "metrics.jsonl").write_text("".join(json.dumps(entry) + "\n" for entry in log))
         placement = {"rank": 0, "peak_rss_bytes": 7 * 10**8, "param_elements_local": 210240}

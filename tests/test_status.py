@@ -15,11 +15,12 @@ from pathlib import Path
 import yaml
 
 from align.cli import main
-from align.records import Resolved, StageRecord
+from align.records import StageRecord
 from align.report.console import ProgressLine, format_progress
 from align.run.lock import LOCK, process_started
 from align.run.records import keep_failed, publish, scratch_name, start_attempt
 from align.stages.checkpoints import CHECKPOINTS, COMPLETE
+from tests.fake_records import a_record
 
 STAGES = ("sft", "dpo", "rm", "merge")
 
@@ -40,11 +41,7 @@ def pipeline_file(tmp_path: Path) -> Path:
 
 
 def record(stage: str, started: float, **fields) -> StageRecord:
-    """A stage's record as the controller writes it, with what this test does not look at filled in."""
-    resolved = Resolved(backend="ddp", workers=1, precision="fp32", seed=0, model="tiny")
-    return StageRecord(
-        pipeline="p", stage=stage, kind="sft", fingerprint="f", config={}, resolved=resolved, started=started
-    ).model_copy(update=fields)
+    return a_record(stage, started=started, **fields)
 
 
 def lay_out_run(folder: Path) -> None:

@@ -14,6 +14,7 @@ import yaml
 
 from align.cli import main
 from align.pipeline.file import load
+from tests.fake_records import write_record
 from tests.pipelines import stage, write_pipeline
 
 BETAS = [0.05, 0.1, 0.3, 1.0]
@@ -49,9 +50,8 @@ def figures(model: str, mean: float, low: float, high: float, win: tuple[float, 
     return found
 
 
-def write_record(folder: Path, metrics: dict[str, float]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "align-stage.json").write_text(json.dumps({"status": "succeeded", "metrics": metrics}))
+def done(folder: Path, metrics: dict[str, float]) -> None:
+    write_record(folder, status="succeeded", metrics=metrics)
 
 
 def finish(path: Path, ends: list[dict[str, Any]], evals: dict[str, float]) -> Path:
@@ -62,10 +62,10 @@ def finish(path: Path, ends: list[dict[str, Any]], evals: dict[str, float]) -> P
     for end in ends:
         if end["status"] == "succeeded":
             beta = end["values"]["stages.dpo.trl.beta"]
-            write_record(folder / f"dpo[beta={beta:g}]", {"eval_loss_after": beta * 10})
-            write_record(folder / f"merge[beta={beta:g}]", {})
-    write_record(folder / "sft", {})
-    write_record(folder / "eval", {**figures("sft", 0.5, 0.4, 0.6, None), **evals})
+            done(folder / f"dpo[beta={beta:g}]", {"eval_loss_after": beta * 10})
+            done(folder / f"merge[beta={beta:g}]", {})
+    done(folder / "sft", {})
+    done(folder / "eval", {**figures("sft", 0.5, 0.4, 0.6, None), **evals})
     spec = pipeline.sweep.spec.model_dump(mode="json")
     (folder / "sweep.json").write_text(json.dumps({"spec": spec, "variants": ends}))
     return folder

@@ -4,6 +4,7 @@ May import: errors. Nothing above it reads these files by key or writes them by 
 from align.records.eval import EVAL_RESULTS, EvalResults
 from align.records.result import StageError, StageResult, read_error, read_result, write_error, write_result
 from align.records.stage import Attempt, MemoryRow, Output, RankPlace, Resolved, StageRecord
+from align.records.sweep import SweepState, VariantEnd
 from align.records.versioned import Record, RecordFormatError, read, write
 from align.records.worker import WorkerConfig
 
@@ -20,6 +21,8 @@ __all__ = [
     "StageError",
     "StageRecord",
     "StageResult",
+    "SweepState",
+    "VariantEnd",
     "WorkerConfig",
     "read",
     "read_error",

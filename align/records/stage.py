@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict
 
 from align.records.versioned import Record
 
+STAGE_RECORD = "align-stage.json"
+
 Status = Literal["running", "succeeded", "failed", "interrupted"]
 
 

@@ -23,7 +23,7 @@ from align.report.eval_tables import interval, text_table
 from align.report.pages import md_table
 from align.report.plots import sweep_plot
 from align.report.run_folder import number
-from align.run.records import pipeline_dir, read_record
+from align.run.records import pipeline_dir, read_stage
 from align.run.sweep_state import STATE, VariantEnd, key, read_state
 
 BEST = "best"
@@ -105,7 +105,7 @@ def read_sweep(pipeline: Pipeline, file: str, overrides: list[str]) -> SweepRepo
         raise AlignError(f"the sweep of {file} has not run yet: {why}; `{run}` runs it")
     drawn = {entry.key for entry in known}
     unrun = [values for values in sweep.grid or [] if key(values) not in drawn]
-    evals = {name: (read_record(folder / name) or {}).get("metrics", {}) for name in sweep.evals}
+    evals = {name: metrics_of(folder / name) for name in sweep.evals}
     variants = [variant(sweep, folder, evals, entry.values, entry) for entry in known]
     variants += [variant(sweep, folder, evals, values, None) for values in unrun]
     return SweepReport(pipeline.name, folder, sweep, baseline(pipeline), ranked(variants, sweep.spec.mode))
@@ -123,6 +123,12 @@ def baseline(pipeline: Pipeline) -> str | None:
     return pipeline.stages[compares[0]].baseline_name
 
 
+def metrics_of(folder: Path) -> dict[str, float]:
+    """A stage folder's recorded metrics; none before it has run."""
+    record = read_stage(folder)
+    return record.metrics if record else {}
+
+
 def variant_metrics(
     sweep: Sweep, folder: Path, evals: dict[str, dict[str, float]], values: dict[str, Any]
 ) -> dict[str, float]:
@@ -131,8 +137,8 @@ def variant_metrics(
     figures for `merged[beta=0.1]`."""
     found = {}
     for stage in sweep.repeated:
-        record = read_record(folder / sweep.name(stage, values)) or {}
-        found |= {f"{stage}/{name}": value for name, value in record.get("metrics", {}).items()}
+        recorded = metrics_of(folder / sweep.name(stage, values))
+        found |= {f"{stage}/{name}": value for name, value in recorded.items()}
     label = f"[{sweep.label(values)}]/"
     for metrics in evals.values():
         found |= {name.replace(label, "/", 1): value for name, value in metrics.items() if label in name}

@@ -10,7 +10,6 @@ lost on a crash. Every file is written whole or not at all (a temporary file ren
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import shutil
 import subprocess
@@ -21,9 +20,9 @@ from typing import Any
 
 from align.fingerprint import file_digest
 from align.records import StageRecord, read, write
+from align.records.stage import STAGE_RECORD as RECORD
 from align.stages.checkpoints import latest_complete
 
-RECORD = "align-stage.json"
 PACKAGES = (
     "align",
     "torch",
@@ -50,13 +49,6 @@ def stage_dir(output_root: str, pipeline: str, stage: str) -> Path:
 def scratch_name(final: Path) -> Path:
     """A fresh name beside `final` that no reader mistakes for a finished stage."""
     return final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Plain JSON written whole, for the sweep's state until it is a typed record."""
-    scratch = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}"
-    scratch.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(scratch, path)
 
 
 def attempts(final: Path) -> list[Path]:
@@ -102,14 +94,6 @@ def clear_attempts(final: Path) -> None:
 def read_stage(folder: Path) -> StageRecord | None:
     """The record of a stage folder (finished, or an attempt's), or None."""
     return read(folder / RECORD, StageRecord)
-
-
-def read_record(folder: Path) -> dict[str, Any] | None:
-    """The record of a stage folder as plain JSON, for the sweep until it reads `read_stage`."""
-    try:
-        return json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def model_identity(model_dir: str) -> dict[str, Any]:
