@@ -113,14 +113,13 @@ def losses(path: Path, stage_name: str) -> list[float]:
 def run_in_process(path: Path, stage_name: str, output_dir: Path, hardware: Any) -> tuple[Any, Any]:
     """(its plan, its result): a stage of the pipeline file run by align's own runner in this process, no
     Ray: planned for `hardware`, its inputs resolved as the controller resolves them, seeded."""
-    import dataclasses
-
     from align.pipeline.file import load
+    from align.planning.launch import launch_of
     from align.planning.plan import build
     from align.run.inputs import resolve_inputs
     from align.stages import run_seeded
     from align.stages.context import StageContext
 
     plan = build(load(path), hardware).stages[stage_name]
-    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
-    return plan, run_seeded(StageContext(plan=plan, output_dir=output_dir))
+    launch = launch_of(plan, resolve_inputs(plan, {}))
+    return plan, run_seeded(StageContext(plan=plan, output_dir=output_dir, launch=launch))

@@ -5,7 +5,6 @@ are that commit's, the fingerprint follows the commit, and an uncached ref fails
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -20,6 +19,7 @@ from align.data.scan import check_data
 from align.errors import DataError
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
+from align.planning.launch import launch_of
 from align.planning.plan import build
 from align.run.inputs import fingerprint, pinned, resolve_inputs
 from pipelines import QUIET_TRL, write_pipeline
@@ -94,7 +94,7 @@ def test_a_repushed_dataset_reruns_its_stage_and_the_record_names_the_commit(
     plan = build(load(write_pipeline(tmp_path, "hub", {"sft": sft})), CPU).stages["sft"]
 
     def stamp() -> tuple[str, str]:
-        stage = pinned(dataclasses.replace(plan, inputs=resolve_inputs(plan, {})))
+        stage = pinned(launch_of(plan, resolve_inputs(plan, {})))
         return stage.stage.data.train, fingerprint(stage, {})
 
     ref, first = stamp()

@@ -7,7 +7,6 @@ attribute 'bias'`); here it trains SFT then DPO, and the adapters chat in plain 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +22,7 @@ from align.models.chat_templates import BUILTIN
 from align.models.loading import resolve_model
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
+from align.planning.launch import launch_of
 from align.planning.lora import FUSED, PLAIN
 from align.planning.plan import ModelInput, StageInputs, build
 from align.stages import run_seeded
@@ -129,8 +129,8 @@ def test_the_plan_reads_the_head_as_peft_will_wrap_it(tmp_path, bare, capsys):
 def run_stage(path: Path, name: str, out: Path, adapters: tuple[str, ...] = ()) -> dict:
     """A stage of the pipeline file run by align's runner in this process, on the base plus `adapters`."""
     plan = build(load(path), CPU).stages[name]
-    plan = dataclasses.replace(plan, inputs=StageInputs(ModelInput(plan.model_source, adapters)))
-    return run_seeded(StageContext(plan=plan, output_dir=out)).metrics
+    launch = launch_of(plan, StageInputs(ModelInput(plan.model_source, adapters)))
+    return run_seeded(StageContext(plan=plan, output_dir=out, launch=launch)).metrics
 
 
 @pytest.mark.integration

@@ -5,7 +5,6 @@ mixed by `datasets` with the source of every training row known."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -17,6 +16,7 @@ from align.data.mixtures import stage_rows
 from align.errors import ConfigError
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
+from align.planning.launch import launch_of
 from align.planning.plan import build
 from align.report.console import format_plan
 from align.run.inputs import fingerprint, resolve_inputs
@@ -146,7 +146,7 @@ def test_the_plan_shows_each_sources_rows_and_share(tmp_path: Path) -> None:
 def test_the_fingerprint_covers_each_sources_weight_and_bytes(tmp_path: Path) -> None:
     def stamp(stage: dict) -> str:
         plan = build(load(write_pipeline(tmp_path, "mix", {"sft": stage})), CPU).stages["sft"]
-        return fingerprint(dataclasses.replace(plan, inputs=resolve_inputs(plan, {})), {})
+        return fingerprint(launch_of(plan, resolve_inputs(plan, {})), {})
 
     first = stamp(mixture(tmp_path, {"weight": 0.8}, {"weight": 0.2}))
     assert stamp(mixture(tmp_path, {"weight": 0.8}, {"weight": 0.2})) == first

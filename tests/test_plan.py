@@ -268,8 +268,12 @@ def test_a_builtin_not_built_at_plan_time_is_priced_at_launch_under_the_planned_
 ):
     """A fresh machine plans the demo before its tiny model exists: no memory plan then. By launch the
     model is built, and the record gets the bytes a plan made now would show, for the backend chosen then."""
-    from align.planning.plan import priced_at_launch
+    from align.planning import launch
+    from align.planning.plan import ModelInput, StageInputs
     from align.run.disk import disk_need
+
+    def priced_at_launch(pipeline, stage):  # the stage launched on its planned model
+        return launch.priced(pipeline, launch.launch_of(stage, StageInputs(ModelInput(stage.model_source))))
 
     monkeypatch.setenv("ALIGN_CACHE", str(tmp_path))
     cpu = Hardware(accelerator=False, device_memory=80 * GB)

@@ -7,7 +7,6 @@ on gloo. bf16 autocast works on CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -25,6 +24,7 @@ from align.models.loading import load_causal_lm, load_tokenizer, resolve_model
 from align.models.precision import PURE_RISK
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
+from align.planning.launch import launch_of
 from align.planning.plan import ModelInput, StageInputs, StagePlan, build
 from align.run.inputs import resolve_inputs
 from align.stages import runner_for
@@ -74,12 +74,13 @@ def write_sft_pipeline(folder: Path, precision: str, steps: int = STEPS, **field
 
 def sft_plan(folder: Path, precision: str, steps: int = STEPS, **fields) -> StagePlan:
     plan = build(load(write_sft_pipeline(folder, precision, steps, **fields)), CPU).stages["sft"]
-    return dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
+    return plan
 
 
 def run_in_process(plan: StagePlan, output_dir: Path) -> dict:
     """Run the stage's runner here and return rank 0's placement report (dtypes held after step 1)."""
-    runner_for(plan.kind).run(StageContext(plan=plan, output_dir=output_dir))
+    launch = launch_of(plan, resolve_inputs(plan, {}))
+    runner_for(plan.kind).run(StageContext(plan=plan, output_dir=output_dir, launch=launch))
     return json.loads((output_dir / "logs" / "placement-rank0.json").read_text())
 
 
@@ -134,9 +135,9 @@ def test_a_merge_of_a_bf16_input_is_checked_in_fp32_and_published_in_bf16(tmp_pa
     body = {"name": "m", "base_model": str(base), "stages": {"sft": sft, "merge": merge}}
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(body))  # only the merge runs, on the adapter made here
     plan = build(load(tmp_path / "m.yaml"), CPU).stages["merge"]
-    plan = dataclasses.replace(plan, inputs=StageInputs(ModelInput(str(base), (str(tmp_path / "adapter"),))))
+    launch = launch_of(plan, StageInputs(ModelInput(str(base), (str(tmp_path / "adapter"),))))
 
-    result = runner_for("merge").run(StageContext(plan=plan, output_dir=tmp_path / "out"))
+    result = runner_for("merge").run(StageContext(plan=plan, output_dir=tmp_path / "out", launch=launch))
 
     assert plan.precision == "fp32" and result.metrics["merge_max_abs_logit_delta"] < 1e-4
     model = tmp_path / "out" / "model"
@@ -189,7 +190,10 @@ def sft_on_rank(rank: int, port: int, plan: StagePlan, output_dir: str) -> None:
     )
     dist.init_process_group("gloo")
     try:
-        runner_for(plan.kind).run(StageContext(plan=plan, output_dir=Path(output_dir), rank=rank))
+        launch = launch_of(plan, resolve_inputs(plan, {}))
+        runner_for(plan.kind).run(
+            StageContext(plan=plan, output_dir=Path(output_dir), rank=rank, launch=launch)
+        )
     finally:
         dist.destroy_process_group()
 

@@ -238,11 +238,13 @@ def test_a_service_ray_cannot_place_ends_its_stage_in_one_line(tmp_path) -> None
     the actor waits its `wait_s`, then the stage ends in one line naming the request and the largest node."""
     from align.errors import AlignError
     from align.pipeline.file import load
-    from align.planning.plan import build
+    from align.planning.launch import launch_of
+    from align.planning.plan import ModelInput, StageInputs, build
     from align.run.launch import connect, disconnect
     from align.run.services import stage_services
 
-    plan = build(load(unplaceable(tmp_path, {"gpus": 1, "wait_s": 2}))).stages["far"]
+    far = build(load(unplaceable(tmp_path, {"gpus": 1, "wait_s": 2}))).stages["far"]
+    plan = launch_of(far, StageInputs(ModelInput(far.model_source)))
     said: list[str] = []
     connect(None)
     try:
@@ -283,7 +285,7 @@ def test_a_stage_that_lost_its_service_is_retried_from_its_checkpoint(tmp_path) 
 
     attempts: list[dict] = []
     events: list[str] = []
-    ppo = SimpleNamespace(name="ppo", max_failures=2)
+    ppo = SimpleNamespace(name="ppo", plan=SimpleNamespace(max_failures=2))
     assert attempt_until_done(None, ppo, tmp_path, launch, attempts, events.append) == {"metrics": {}}
     assert resumed == [None, tmp_path / "checkpoints" / "checkpoint-2"]
     assert [attempt.get("error") for attempt in attempts] == [LOST, None]

@@ -3,7 +3,6 @@ the `trl:` block sets `report_to` (W&B, MLflow, or nothing), which is passed to 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from align.pipeline.file import load
 from align.planning.hardware import Hardware
+from align.planning.launch import launch_of
 from align.planning.plan import build
 from align.run.inputs import resolve_inputs
 from align.stages.context import StageContext, stage_config
@@ -25,9 +25,9 @@ def config_for(tmp_path: Path, trl: dict) -> tuple[object, Path]:
     if "report_to" not in trl:
         del sft["trl"]["report_to"]  # the tests' stages turn reporting off; here it is left to align
     plan = build(load(write_pipeline(tmp_path, "tb", {"sft": sft})), CPU).stages["sft"]
-    plan = dataclasses.replace(plan, inputs=resolve_inputs(plan, {}))
+    launch = launch_of(plan, resolve_inputs(plan, {}))
     output = tmp_path / "out"
-    return stage_config(StageContext(plan=plan, output_dir=output)), output
+    return stage_config(StageContext(plan=plan, output_dir=output, launch=launch)), output
 
 
 def test_tensorboard_is_the_default_and_writes_under_the_stages_logs(

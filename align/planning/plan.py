@@ -2,9 +2,10 @@
 
 Per stage: the backend (auto resolved among those that can run it, each priced as it would run), the
 optimizer offload, precision, device kind, data kind, where each model lives, and the memory per rank.
-`align plan` prints it; the controller adds the resolved input and reward-model folders
-(`StageInputs`) and ships each StagePlan to its workers; backends and runners read it and decide nothing
-again. Nothing downstream re-reads the YAML.
+`align plan` prints it. Once `build` returns, a StagePlan is never changed: what the controller adds when
+it starts a stage (its resolved input folders, pinned data, its share of the cores, the memory priced at
+launch) is a `Launch` beside it (align/planning/launch.py). Backends and runners read both and decide
+nothing again. Nothing downstream re-reads the YAML.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from align.planning.inputs import ModelInput as ModelInput  # read from here by 
 from align.planning.inputs import StageInputs as StageInputs
 from align.planning.lora import LMHead, lm_head, trained_rows
 from align.planning.losses import loss_words
-from align.planning.model_sizes import reward_model_params, stage_architecture, teacher_params
 from align.planning.model_sizes import root_model as root_model  # read from here by report/rows_view.py
 from align.planning.placement import (
     Placement,
@@ -81,7 +81,6 @@ class StagePlan:
     chat_template: ChatTemplate | None = None  # applied to the stage's tokenizer (models/chat_templates.py)
     lm_head: LMHead | None = None  # how TRL's trainer reads the head (align/planning/lora.py)
     loss: str | None = None  # the loss its `trl:` block picks, in words (align/planning/losses.py)
-    inputs: StageInputs | None = None  # set by the controller once upstream stages have run
 
     @property
     def where(self) -> str:
@@ -291,24 +290,6 @@ def plan_stage(pipeline: Pipeline, name: str, upstream: list[str], hardware: Har
         lm_head=head,
         loss=loss_words(stage) if trains else None,
     )
-
-
-def priced_at_launch(pipeline: Pipeline, stage: StagePlan) -> StagePlan:
-    """The stage with its memory plan. The plan made before the run has none when its model was not present
-    yet (a builtin built on first use); by launch it is, so it is priced then, for the disk check and the
-    record. The backend and placement stay the ones planned: only the bytes are filled in."""
-    arch = stage_architecture(pipeline, stage.name) if KINDS[stage.kind].trains else None
-    if stage.memory is not None or arch is None:
-        return stage
-    rewards = reward_model_params(pipeline, stage.name, arch)
-    teacher = teacher_params(pipeline, stage.name, arch)
-    by_backend = {}
-    for backend in BACKENDS.values():
-        rows = trained_rows(stage.stage, stage.chat_template, backend.frozen_sharded, arch)
-        work = workload(stage.stage, stage.precision, stage.placement, arch, rewards, rows, teacher)
-        by_backend.update(backend.estimates(arch, work, stage.workers, stage.stage))
-    chosen = by_backend[BACKENDS[stage.backend].option(stage.stage)]
-    return replace(stage, memory=chosen, memory_by_backend=by_backend)
 
 
 def build(pipeline: Pipeline, hardware: Hardware | None = None) -> Plan:

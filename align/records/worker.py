@@ -1,5 +1,6 @@
-"""What the driver sends each rank of a stage (through Ray, not a file): the stage's plan, where to write,
-the checkpoint to resume from, the clients of its frozen models in actors, and whether to stream output."""
+"""What the driver sends each rank of a stage (through Ray, not a file): the stage's launch (its plan and
+what the driver added), where to write, the checkpoint to resume from, the clients of its frozen models in
+actors, and whether to stream output."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Any
 
 from align.records.versioned import RecordFormatError
 
-WORKER_FORMAT = 1
+WORKER_FORMAT = 2  # 2: the plan travels inside its launch (planning.Launch), no longer with its inputs
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    plan: Any  # the stage's planning.StagePlan, with its resolved inputs (records sits below planning)
+    launch: Any  # the stage's planning.Launch, its plan inside (records sits below planning)
     output_dir: str
     resume: str | None = None
     services: dict[str, Any] = field(default_factory=dict)

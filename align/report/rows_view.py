@@ -18,6 +18,7 @@ from align.data.lengths import IGNORED, LengthReport, lengths_path, remember
 from align.errors import AlignError, ConfigError, Problem
 from align.models.loading import resolve_model
 from align.pipeline.graph import reference_target
+from align.planning.launch import Launch, launch_of
 from align.planning.plan import ModelInput, Plan, StageInputs, StagePlan, root_model
 from align.run.inputs import resolve_inputs
 from align.run.records import stage_dir
@@ -52,14 +53,14 @@ def previewable(stage: StagePlan) -> bool:
     return stage.kind in TRAINERS or stage.kind in PROMPT_KINDS
 
 
-def with_inputs(plan: Plan, name: str) -> tuple[StagePlan, str | None]:
-    """The stage with its inputs resolved as a run would; when a stage it reads has not run, the root model
-    with the nearest chat template along the chain (what that stage saves beside its output)."""
+def with_inputs(plan: Plan, name: str) -> tuple[Launch, str | None]:
+    """The stage launched with its inputs resolved as a run would; when a stage it reads has not run, the
+    root model with the nearest chat template along the chain (what that stage saves beside its output)."""
     stage = plan.stages[name]
     pipeline = plan.pipeline
     folders = {other: stage_dir(pipeline.defaults.output_root, pipeline.name, other) for other in plan.stages}
     try:
-        return replace(stage, inputs=resolve_inputs(stage, folders)), None
+        return launch_of(stage, resolve_inputs(stage, folders)), None
     except AlignError:
         pass
     chain, value = [], stage.model_source
@@ -74,7 +75,7 @@ def with_inputs(plan: Plan, name: str) -> tuple[StagePlan, str | None]:
     note = f"{chain[0]} has not run: the rows are shown with {base}'s tokenizer" + (
         f" and the chat template {template.source}" if template else ""
     )
-    return replace(stage, chat_template=template, inputs=inputs), note
+    return launch_of(replace(stage, chat_template=template), inputs), note
 
 
 def chosen_stage(plan: Plan, name: str | None) -> str:
@@ -99,10 +100,10 @@ def preview(plan: Plan, name: str | None, count: int | None, colour: bool) -> Pr
     from align.stages.prepared import counted_lengths, cut, decided_loss, lost_rows_problem, prepare
 
     name = chosen_stage(plan, name)
-    stage, note = with_inputs(plan, name)
-    notes = [note] if note else []
+    launch, note = with_inputs(plan, name)
+    stage, notes = launch.plan, [note] if note else []
     with tempfile.TemporaryDirectory(prefix="align-data-") as scratch:
-        ctx = StageContext(stage, Path(scratch))
+        ctx = StageContext(stage, Path(scratch), launch=launch)
         found = stage_rows(stage.stage.data, stage.data_kind, stage.seed, stage.where)
         side = "left" if stage.kind in ("dpo", *PROMPT_KINDS) else "right"
         tokenizer = stage_tokenizer(ctx, padding_side=side)

@@ -11,14 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from align.config.secrets import redact
 from align.errors import AlignError, Interrupted, StageFailed
 from align.pipeline.graph import downstream, upstream
-from align.planning.plan import ModelInput, Plan, StagePlan, priced_at_launch
+from align.planning.launch import Launch, beside, launch_of, priced
+from align.planning.plan import ModelInput, Plan
 from align.records import Attempt, MemoryRow, Resolved, StageRecord
 from align.run import records, stop
 from align.run.disk import check_space, probe_writable
@@ -30,8 +31,8 @@ from align.stages.checkpoints import latest_complete, remove_torn
 
 Event = Callable[[str], None]
 
-Launcher = Callable[[Plan, StagePlan, Path, Path | None], Launched]
-"""Runs one attempt at a stage (its plan carries its resolved inputs) into a scratch folder, from a
+Launcher = Callable[[Plan, Launch, Path, Path | None], Launched]
+"""Runs one attempt at a stage (its plan, and its resolved inputs beside it) into a scratch folder, from a
 checkpoint folder when one is given; returns rank 0's result and where the ranks ran. Raises LostWorkers
 when a retry may help."""
 
@@ -60,7 +61,7 @@ class Steer(Protocol):
     def set_aside(self, stage: str, err: BaseException) -> bool: ...
 
 
-def memory_plan(stage: StagePlan) -> list[MemoryRow] | None:
+def memory_plan(stage: Launch) -> list[MemoryRow] | None:
     """The plan's per-rank bytes under the stage's backend, row by row as `align plan` shows them, so that
     `align report` can set them beside the peaks each rank measured; None without an architecture."""
     if stage.memory is None:
@@ -68,9 +69,9 @@ def memory_plan(stage: StagePlan) -> list[MemoryRow] | None:
     return [MemoryRow(what=label, device=device, host=host) for label, device, host in stage.memory.rows()]
 
 
-def started_record(plan: Plan, stage: StagePlan, stamp: str) -> StageRecord:
+def started_record(plan: Plan, launch: Launch, stamp: str) -> StageRecord:
     """The record a stage's attempt holds from its start: what produces it, as the plan resolved it."""
-    inputs = stage.inputs.model
+    stage, inputs = launch.plan, launch.inputs.model
     resolved = Resolved(
         backend=stage.backend,
         backend_reason=stage.backend_reason,
@@ -86,9 +87,9 @@ def started_record(plan: Plan, stage: StagePlan, stamp: str) -> StageRecord:
         stage=stage.name,
         kind=stage.kind,
         fingerprint=stamp,
-        config=redact(stage.stage.model_dump(mode="json")),
+        config=redact(launch.stage.model_dump(mode="json")),
         resolved=resolved,
-        memory_plan=memory_plan(stage),
+        memory_plan=memory_plan(launch),
         versions=records.versions(),
         git_sha=records.git_sha(),
         started=time.time(),
@@ -97,7 +98,7 @@ def started_record(plan: Plan, stage: StagePlan, stamp: str) -> StageRecord:
 
 def run_stage(
     plan: Plan,
-    stage: StagePlan,
+    stage: Launch,
     stamp: str,
     folder: Path,
     launch: Launcher,
@@ -149,7 +150,7 @@ def succeeded(
 
 def attempt_until_done(
     plan: Plan,
-    stage: StagePlan,
+    stage: Launch,
     scratch: Path,
     launch: Launcher,
     attempts: list[Attempt],
@@ -169,13 +170,10 @@ def attempt_until_done(
             return launch(plan, stage, scratch, checkpoint[1] if checkpoint else None)
         except LostWorkers as err:
             attempts[-1] = attempts[-1].model_copy(update={"error": str(err)})
-            retries = len(attempts) - 1
-            if retries >= stage.max_failures:
-                limit = f"max_failures: {stage.max_failures}"
-                raise StageFailed(f"{err}; gave up after {retries} retries ({limit})") from None
-            on_event(
-                f"[{stage.name}] {err}; retry {retries + 1} of {stage.max_failures}, from the last checkpoint"
-            )
+            retries, most = len(attempts) - 1, stage.plan.max_failures
+            if retries >= most:
+                raise StageFailed(f"{err}; gave up after {retries} retries (max_failures: {most})") from None
+            on_event(f"[{stage.name}] {err}; retry {retries + 1} of {most}, from the last checkpoint")
 
 
 def with_kept_folder(err: BaseException, stage: str, kept: Path) -> BaseException:
@@ -307,20 +305,18 @@ class Schedule:
         starting = self.ready()
         alongside = len(starting) + len(self.running)
         for stage, stamp in starting:
-            share = ""
-            if stage.resources is not None:
-                stage = replace(stage, resources=replace(stage.resources, alongside=alongside))
-                share = stage.resources.beside()
+            stage = beside(stage, alongside)
+            share = stage.resources.beside() if stage.resources is not None else ""
             if ray is not None:
                 ray.start(stage)  # its one line (which Ray) before the first stage's, in the main thread
                 ray.workers.turns.queue(stage.name)
-            where = f"{stage.workers} worker(s), backend {stage.backend}"
+            where = f"{stage.plan.workers} worker(s), backend {stage.plan.backend}"
             if share and ray is not None and ray.embedded:  # a cluster's CPU ranks take one CPU each
                 where += f", {share}"
-            self.on_event(f"[{stage.name}] running {stage.kind} on {where}")
+            self.on_event(f"[{stage.name}] running {stage.plan.kind} on {where}")
             self.running[pool.submit(self.run_one, stage, stamp, launch)] = stage.name
 
-    def ready(self) -> list[tuple[StagePlan, str]]:
+    def ready(self) -> list[tuple[Launch, str]]:
         """The stages to start now, with their fingerprints; those up to date are skipped on the way (so that
         their dependents, later in the order, may be ready too)."""
         starting = []
@@ -336,19 +332,19 @@ class Schedule:
             self.todo.remove(name)
             folders = self.folders
             planned = self.plan.stages[name]
-            stage = pinned(replace(planned, inputs=resolve_inputs(planned, folders)))  # hub data at a commit
+            stage = pinned(launch_of(planned, resolve_inputs(planned, folders)))  # hub data at a commit
             stamp = fingerprint(stage, folders)
             existing = records.read_stage(folders[name])
             if name not in self.forced and up_to_date(existing, stamp):
                 self.on_event(f"[{name}] skipped: up to date ({folders[name] / records.RECORD})")
                 self.outcomes[name] = Outcome(name, "skipped", folders[name], 0.0, existing.metrics)
                 continue  # its dependents come later in the order, and may be ready now
-            stage = priced_at_launch(self.plan.pipeline, stage)
+            stage = priced(self.plan.pipeline, stage)
             check_space(stage, folders[name].parent)
             starting.append((stage, stamp))
         return starting
 
-    def run_one(self, stage: StagePlan, stamp: str, launch: Launcher) -> Outcome:
+    def run_one(self, stage: Launch, stamp: str, launch: Launcher) -> Outcome:
         folder = self.folders[stage.name]
         restart = stage.name in self.restart
         with stop.stage(stage.name):  # a stop of this stage alone reaches its thread

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from align.errors import AlignError
 from align.models.memory import format_bytes
+from align.planning.launch import Launch
 from align.planning.plan import StagePlan
 from align.stages.checkpoints import KEEP
 
@@ -37,26 +38,26 @@ def probe_writable(folder: Path) -> None:
 def checkpoint_count(stage: StagePlan) -> int:
     """How many checkpoints a stage may hold at once: `save_total_limit` (align's default 2), plus the one
     being written; none when checkpoints are off."""
-    trl = getattr(stage.stage, "trl", {})
+    trl = stage.trl
     if str(trl.get("save_strategy", "steps")) == "no":
         return 0
     return int(trl.get("save_total_limit") or KEEP) + 1
 
 
-def disk_need(stage: StagePlan) -> int | None:
+def disk_need(launch: Launch) -> int | None:
     """Bytes a stage writes at most: its saved model (an adapter under LoRA) and its checkpoints, each
     the saved model plus the optimizer state. None when the plan has no architecture to count."""
-    replica = stage.memory_by_backend.get("ddp")
+    replica = launch.memory_by_backend.get("ddp")
     if replica is None:
         return None
     trainable = replica.trainable_params
-    model = trainable * 4 if getattr(stage.stage, "lora", None) else replica.device.params
-    return model + checkpoint_count(stage) * (model + trainable * ADAM_BYTES)
+    model = trainable * 4 if launch.plan.lora else replica.device.params
+    return model + checkpoint_count(launch.plan) * (model + trainable * ADAM_BYTES)
 
 
-def check_space(stage: StagePlan, folder: Path) -> None:
+def check_space(launch: Launch, folder: Path) -> None:
     """Refuse a stage whose outputs cannot fit in the free space of the output folder."""
-    need = disk_need(stage)
+    stage, need = launch.plan, disk_need(launch)
     free = shutil.disk_usage(folder).free
     if need is not None and need > free:
         raise AlignError(

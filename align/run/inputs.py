@@ -7,12 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from align.config.stage_parts import training_data_of
 from align.data.hub import HUB_PREFIX, resolved
 from align.data.loading import NO_EVAL, data_identity
 from align.errors import AlignError, DataError
 from align.fingerprint import digest
 from align.models.loading import resolve_model
 from align.pipeline.graph import reference_target
+from align.planning.launch import Launch
 from align.planning.plan import ModelInput, StageInputs, StagePlan
 from align.records import Output, StageResult
 from align.run import records
@@ -35,26 +37,26 @@ def resolve_inputs(stage: StagePlan, folders: dict[str, Path]) -> StageInputs:
     model = model_input(stage.model_source, f"{stage.where}.model", folders)
     reward_models = {
         index: model_input(reward.model, f"{stage.where}.rewards[{index}].model", folders).base
-        for index, reward in enumerate(getattr(stage.stage, "rewards", []))
+        for index, reward in enumerate(stage.rewards)
         if reward.model is not None
     }
     models = {  # an eval stage's, each resolved as a stage's own model is
         name: model_input(value, f"{stage.where}.models.{name}", folders)
-        for name, value in getattr(stage.stage, "models", {}).items()
+        for name, value in stage.eval_models.items()
     }
-    teacher = getattr(stage.stage, "teacher", None)  # a distill stage's, resolved as its own model is
-    if teacher is not None:
-        teacher = model_input(teacher.model, f"{stage.where}.teacher", folders)
+    teacher = None  # a distill stage's, resolved as its own model is
+    if stage.teacher is not None:
+        teacher = model_input(stage.teacher.model, f"{stage.where}.teacher", folders)
     return StageInputs(model, reward_models, models, teacher)
 
 
-def pinned(stage: StagePlan) -> StagePlan:
-    """The stage with each hub dataset it reads pinned to the commit the hub serves now (or, with no hub,
-    the one cached here): its fingerprint and record hold that commit, so a re-pushed dataset reruns the
+def pinned(launch: Launch) -> Launch:
+    """The launch with each hub dataset its stage reads pinned to the commit the hub serves now (or, with no
+    hub, the one cached here): its fingerprint and record hold that commit, so a re-pushed dataset reruns the
     stage, and its workers load the very rows that were fingerprinted."""
-    data = getattr(stage.stage, "data", None)
-    if data is None or not hasattr(data, "train"):  # an eval stage's prompts are read as they are
-        return stage
+    data = training_data_of(launch.stage)
+    if data is None:  # an eval stage's prompts are read as they are
+        return launch
 
     def pin(ref: str | None, field: str) -> str | None:
         if ref is None or not ref.startswith(HUB_PREFIX):
@@ -62,7 +64,7 @@ def pinned(stage: StagePlan) -> StagePlan:
         try:
             return str(resolved(ref))
         except DataError as error:
-            raise DataError(f"{stage.where}.data.{field}: {error}") from None
+            raise DataError(f"{launch.where}.data.{field}: {error}") from None
 
     if data.is_mixture:
         train = [
@@ -72,36 +74,36 @@ def pinned(stage: StagePlan) -> StagePlan:
     else:
         train = pin(data.train, "train")
     data = data.model_copy(update={"train": train, "eval": pin(data.eval, "eval")})
-    return replace(stage, stage=stage.stage.model_copy(update={"data": data}))
+    return replace(launch, stage=launch.stage.model_copy(update={"data": data}))
 
 
-def fingerprint(stage: StagePlan, folders: dict[str, Path]) -> str:
+def fingerprint(launch: Launch, folders: dict[str, Path]) -> str:
     """A hash of the resolved stage config and of its inputs: models, upstream records, data bytes."""
+    stage, inputs, config = launch.plan, launch.inputs, launch.stage
     upstream_prints = {name: records.read_stage(folders[name]).fingerprint for name in stage.upstream}
-    data = getattr(stage.stage, "data", None)
-    if prompts := getattr(data, "prompts", None):  # an eval stage's
-        splits = (("prompts", prompts),)
+    data = training_data_of(config)
+    if stage.kind == "eval":  # an eval stage's prompts
+        splits = (("prompts", stage.data.prompts),) if stage.data is not None else ()
     else:
         held_out = data.eval if data and data.eval != NO_EVAL else None
         splits = (("train", data.train), ("eval", held_out)) if data else ()
     where = f"{stage.where}.data"
-    inputs = stage.inputs
     own_model = reference_target(stage.model_source) is None  # an upstream's is in its fingerprint
     template = {"chat_template": stage.chat_template.text} if stage.chat_template else {}  # top level's too
     teacher = {}  # a distill stage's teacher, unless an upstream's output (that is in its fingerprint)
-    if inputs.teacher is not None and reference_target(stage.stage.teacher.model) is None:
+    if inputs.teacher is not None and reference_target(stage.teacher.model) is None:
         teacher["teacher"] = records.model_identity(inputs.teacher.base)
     named = {  # an eval stage's models that are not an upstream's output (those are in its fingerprint)
         name: records.model_identity(model.base)
         for name, model in inputs.models.items()
-        if reference_target(stage.stage.models[name]) is None
+        if reference_target(stage.eval_models[name]) is None
     }
     return digest(
         {
             **template,
             **({"models": named} if named else {}),
             **teacher,
-            "stage": stage.stage.model_dump(mode="json"),
+            "stage": config.model_dump(mode="json"),
             "backend": stage.backend,
             "workers": stage.workers,
             "precision": stage.precision,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from align.compat.ray import embedded_head_settings, no_sigterm_handler, print_driver_lines_with
 from align.errors import AlignError, Interrupted, StageFailed
-from align.planning.plan import StagePlan
+from align.planning.launch import Launch
 from align.records import RankPlace, StageResult, WorkerConfig, read_error
 from align.records.result import clear, take_result
 from align.run import stop
@@ -264,7 +264,7 @@ def read_progress(scratch: Path) -> dict[str, Any] | None:
 
 def ray_launch(
     group: WorkerGroup,
-    stage: StagePlan,
+    stage: Launch,
     scratch: Path,
     resume: Path | None,
     *,
@@ -272,14 +272,14 @@ def ray_launch(
     on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
     services: dict[str, Any] | None = None,
 ) -> StageResult:
-    """Run one attempt of the stage on the warm `group` (`stage.workers` ranks), from `resume` (a
+    """Run one attempt of the stage on the warm `group` (its plan's `workers` ranks), from `resume` (a
     checkpoint folder) if given; return rank 0's result. The stage's thread waits here, showing progress;
     once the run is asked to stop (Ctrl-C/SIGTERM) it stops the group's workers. A failure leaves the group
     stopped (a rank may be dead, or waiting in a collective for one that is). `services`: the clients of the
     stage's frozen models in actors of their own (align/run/services.py), sent to every rank."""
     clear(scratch)
     config = WorkerConfig(
-        plan=stage,
+        launch=stage,
         output_dir=str(scratch),
         resume=str(resume) if resume else None,
         services=services or {},

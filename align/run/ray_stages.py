@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import AlignError, Interrupted
-from align.planning.plan import Plan, StagePlan
+from align.planning.launch import Launch
+from align.planning.plan import Plan
 from align.run import records
 from align.run.launch import Launched, connect, connected, disconnect, ray_launch, worker_env
 from align.run.lock import RunLock
@@ -37,7 +38,7 @@ class RayStages:
     workers: WarmWorkers
     embedded: bool = True
 
-    def start(self, stage: StagePlan) -> None:
+    def start(self, stage: Launch) -> None:
         """Connect to Ray (from the main thread, which handles signals) and say which Ray, in one line."""
         if connected():
             return
@@ -50,11 +51,11 @@ class RayStages:
             raise Interrupted(err.signum, where) from None
         self.on_event(which)
 
-    def __call__(self, plan: Plan, stage: StagePlan, scratch: Path, resume: Path | None) -> Launched:
+    def __call__(self, plan: Plan, stage: Launch, scratch: Path, resume: Path | None) -> Launched:
         """One attempt at `stage`, on a group of its shape; a new group first proves that every rank reads
         the output root. The embedded Ray's processes are noted under the run's lock, so that a later run
         can stop them should this driver be killed."""
-        shape = GroupShape.of(stage, plan.hardware.accelerator, self.embedded)
+        shape = GroupShape.of(stage.plan, plan.hardware.accelerator, self.embedded, stage.resources)
         asked = time.monotonic()
         group, fresh = self.workers.acquire(shape, stage.name)
         waited = time.monotonic() - asked

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from align.errors import AlignError, StageFailed
+from align.planning.launch import Launch
 from align.planning.plan import StagePlan
 from align.planning.services import SERVICE_CALLS, Service, call_names
 from align.run import stop
@@ -38,7 +39,7 @@ call it is in first; one still busy then is taken as alive (its stage's error st
 class ServiceActor:
     """One frozen model, answering the calls its role declares (run as a Ray actor, one call at a time)."""
 
-    def __init__(self, plan: StagePlan, service: Service, env: dict[str, str], threads: int) -> None:
+    def __init__(self, launch: Launch, service: Service, env: dict[str, str], threads: int) -> None:
         os.environ.update(env)
         sys.path[:0] = [folder for folder in env.get("PYTHONPATH", "").split(os.pathsep) if folder]
         import torch
@@ -47,7 +48,7 @@ class ServiceActor:
 
         torch.set_num_threads(threads)
         on_gpu = service.gpus > 0 and torch.cuda.is_available()
-        self.held = start_service(plan, service, torch.device("cuda" if on_gpu else "cpu"))
+        self.held = start_service(launch, service, torch.device("cuda" if on_gpu else "cpu"))
         self.calls = call_names(service.kind)
 
     def ready(self) -> bool:
@@ -104,11 +105,12 @@ def described(resources: dict[str, float]) -> str:
 
 @contextmanager
 def stage_services(
-    stage: StagePlan, embedded: bool, say: Callable[[str], None]
+    launch: Launch, embedded: bool, say: Callable[[str], None]
 ) -> Iterator[dict[str, ServiceClient]]:
-    """A client per service the plan places for `stage`, by role, once every actor has loaded its model;
+    """A client per service the plan places for the stage, by role, once every actor has loaded its model;
     the actors are killed on the way out, however the stage ended. A failed stage whose service died is
     raised as a lost service: retried, as a lost rank is."""
+    stage = launch.plan
     services = stage.placement.services
     if not services:
         yield {}
@@ -123,7 +125,7 @@ def stage_services(
             resources = asked(service, embedded)
             threads = max(1, int(resources["CPU"]))
             options = {"num_cpus": resources["CPU"], "num_gpus": resources["GPU"]}
-            handles[service.role] = remote.options(**options).remote(stage, service, env, threads)
+            handles[service.role] = remote.options(**options).remote(launch, service, env, threads)
         wait_ready(stage, handles, embedded, say)
         clients = {role: ServiceClient(role, handle) for role, handle in handles.items()}
         try:

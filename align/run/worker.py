@@ -74,7 +74,12 @@ def run_stage(config: WorkerConfig, rank: int, output_dir: Path) -> None:
     quiet_libraries()
     resume = Path(config.resume) if config.resume else None
     context = StageContext(
-        plan=config.plan, output_dir=output_dir, rank=rank, resume_from=resume, services=config.services
+        plan=config.launch.plan,
+        output_dir=output_dir,
+        rank=rank,
+        resume_from=resume,
+        services=config.services,
+        launch=config.launch,
     )
     try:
         result = run_seeded(context)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from align.compat.accelerate import reset_accelerate_state
-from align.planning.resources import shared_cpus
+from align.planning.resources import Request, shared_cpus
 from align.records import RankPlace, WorkerConfig
 from align.run import stop
 from align.run.reservation import Turns, reserve
@@ -117,11 +117,11 @@ class GroupShape:
     process_group: bool = True  # the ranks join one (the stage's backend says: align/backends)
 
     @classmethod
-    def of(cls, stage: Any, gpu: bool, embedded: bool) -> GroupShape:
-        """A stage's shape. A CPU rank that names no CPUs gets, on an embedded Ray, its share of this
-        machine's cores beside the stages started with it (ranks may share a core: Ray takes fractions),
-        one CPU on a cluster."""
-        request = stage.resources
+    def of(cls, stage: Any, gpu: bool, embedded: bool, resources: Request | None = None) -> GroupShape:
+        """A stage's shape, with `resources` as launched (by default its plan's). A CPU rank that names no
+        CPUs gets, on an embedded Ray, its share of this machine's cores beside the stages started with it
+        (ranks may share a core: Ray takes fractions), one CPU on a cluster."""
+        request = resources or stage.resources
         shared = shared_cpus(stage.workers, request.alongside) if embedded else 1.0
         bundle = tuple(sorted(request.bundle(shared).items()))
         return cls(stage.workers, gpu, bundle, request.strategy, request.wait_s, stage.process_group)

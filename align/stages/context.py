@@ -23,8 +23,9 @@ from align.models.chat_templates import fit_model, template_token_ids
 from align.models.loading import load_causal_lm, load_tokenizer
 from align.models.precision import compute_dtype
 from align.pipeline.trl_args import build_config
+from align.planning.launch import Launch
 from align.planning.placement import REFERENCE_COPY
-from align.planning.plan import ModelInput, StagePlan
+from align.planning.plan import ModelInput, StageInputs, StagePlan
 from align.stages.checkpointing import checkpoint_callbacks
 from align.stages.checkpoints import CHECKPOINTS, KEEP
 from align.stages.lm_head import lm_head_callbacks
@@ -36,7 +37,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass(frozen=True)
 class StageContext:
-    """One rank's view of a stage: its plan (with its resolved inputs), where to write, and its backend."""
+    """One rank's view of a stage: its plan, what the driver added when it started it (`launch`: its input
+    folders, its config with hub data pinned), where to write, and its backend."""
 
     plan: StagePlan
     output_dir: Path
@@ -47,19 +49,25 @@ class StageContext:
     """A client per frozen model the plan places in an actor of its own, by role (`rewards[0]`,
     `reference`): align/stages/services.py says what each answers."""
     started: float = field(default_factory=time.perf_counter)  # the rank took up the stage: its cost starts
+    launch: Launch | None = None  # None: a context made from a plan alone, which reads no inputs
 
     def __post_init__(self) -> None:
         if self.backend is None:
             object.__setattr__(self, "backend", BACKENDS[self.plan.backend])
 
     @property
+    def inputs(self) -> StageInputs:
+        """The folders the stage reads, resolved by the driver when it started the stage."""
+        return self.launch.inputs
+
+    @property
     def model_input(self) -> ModelInput:
-        return self.plan.inputs.model
+        return self.inputs.model
 
     def with_model(self, model: ModelInput) -> StageContext:
         """This context reading another input model (a merged folder, a shorter adapter chain)."""
-        inputs = replace(self.plan.inputs, model=model)
-        return replace(self, plan=replace(self.plan, inputs=inputs))
+        inputs = replace(self.inputs, model=model)
+        return replace(self, launch=replace(self.launch, inputs=inputs))
 
     @property
     def is_main(self) -> bool:
@@ -74,7 +82,7 @@ class StageContext:
     def load_dtype(self) -> torch.dtype:
         """The dtype the stage's own model loads in: the compute dtype under LoRA (the base is frozen),
         else the dtype its trained weights are held in (fp32 under mixed precision on ddp and fsdp)."""
-        if getattr(self.plan.stage, "lora", None) is not None:
+        if self.plan.lora is not None:
             return self.dtype
         return DTYPES[self.plan.trainable_dtype]
 
@@ -212,7 +220,7 @@ def token_rows_by_module(model: Any, rows: list[int]) -> list[int] | dict[str, l
 
 
 def loaded_rows(ctx: StageContext) -> StageRows:
-    return stage_rows(ctx.plan.stage.data, ctx.plan.data_kind, ctx.plan.seed, ctx.plan.where)
+    return stage_rows(ctx.launch.stage.data, ctx.plan.data_kind, ctx.plan.seed, ctx.plan.where)  # pinned
 
 
 def stage_data(ctx: StageContext, rows: StageRows | None = None) -> tuple[Any, Any]:

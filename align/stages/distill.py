@@ -22,7 +22,7 @@ from align.stages.training import Training, train_stage
 def frozen_teacher(ctx: StageContext, tokenizer: Any) -> Any:
     """The teacher the controller resolved, its earlier adapters merged, loaded as the backend places a
     frozen model, with embeddings that fit the student's tokenizer (validate made sure they share one)."""
-    teacher_ctx = ctx.with_model(ctx.plan.inputs.teacher)
+    teacher_ctx = ctx.with_model(ctx.inputs.teacher)
     teacher = load_stage_model(teacher_ctx, frozen=True, tokenizer=tokenizer)
     return on_training_device(ctx, teacher.requires_grad_(False).eval())
 

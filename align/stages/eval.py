@@ -61,7 +61,7 @@ def run(ctx: StageContext) -> StageResult:
     mine = list(range(rank, len(rows), world)) if rows is not None else []
     rewards = scorer(ctx) if stage.rewards else None
     part: dict[str, Any] = {"rows": mine, "answers": {}, "scores": {}, "lm_eval": {}}
-    for index, (name, source) in enumerate(ctx.plan.inputs.models.items()):
+    for index, (name, source) in enumerate(ctx.inputs.models.items()):
         harness_here = stage.lm_eval is not None and index % world == rank
         if not mine and not harness_here:
             continue

@@ -117,7 +117,7 @@ def stage_rewards(ctx: StageContext, remote: dict[int, Callable[..., list[float]
             tokenizers.append(None)
             name = "model"
         else:
-            folder = ctx.plan.inputs.reward_models[index]
+            folder = ctx.inputs.reward_models[index]
             model, tokenizer = frozen_reward_model(ctx, folder, where, placed=placed)
             sources.append(model)
             tokenizers.append(tokenizer)

@@ -24,8 +24,8 @@ import torch
 from align.backends import BACKENDS
 from align.errors import AlignError
 from align.models.placement import Placement
+from align.planning.launch import Launch
 from align.planning.placement import REFERENCE_ACTOR
-from align.planning.plan import StagePlan
 from align.planning.services import (
     REFERENCE_ROLE,
     ReferenceCalls,
@@ -38,10 +38,11 @@ from align.stages.rl import frozen_reward_model, model_scores
 from align.trainers.policy_value import completion_log_probs
 
 
-def service_context(plan: StagePlan) -> StageContext:
+def service_context(launch: Launch) -> StageContext:
     """A context for loading a service's model whole in one process: the ddp backend neither shards nor
     wraps, whatever the ranks run under; nothing is written."""
-    return StageContext(plan=plan, output_dir=Path(tempfile.gettempdir()), backend=BACKENDS["ddp"])
+    where = Path(tempfile.gettempdir())
+    return StageContext(plan=launch.plan, output_dir=where, backend=BACKENDS["ddp"], launch=launch)
 
 
 def spread_over_gpus(device: torch.device) -> dict[str, str]:
@@ -53,10 +54,10 @@ class RewardModelService(RewardCalls):
     """`rewards[i].model` whole on the actor's device: scores of (prompt, completion) texts, as a rank
     scores them with its own copy (align/stages/rl.py `model_scores`)."""
 
-    def __init__(self, plan: StagePlan, index: int, device: torch.device) -> None:
-        where, spread = f"{plan.where}.rewards[{index}]", spread_over_gpus(device)
+    def __init__(self, launch: Launch, index: int, device: torch.device) -> None:
+        where, spread = f"{launch.where}.rewards[{index}]", spread_over_gpus(device)
         model, self.tokenizer = frozen_reward_model(
-            service_context(plan), plan.inputs.reward_models[index], where, placed=False, **spread
+            service_context(launch), launch.inputs.reward_models[index], where, placed=False, **spread
         )
         self.model = model if spread else model.to(device)
 
@@ -69,10 +70,10 @@ class ReferenceService(ReferenceCalls):
     through TRL's fused LM head, which DPOTrainer adds to a reference copy (a forward without
     `fused_lm_head=True` is the model's own)."""
 
-    def __init__(self, plan: StagePlan, device: torch.device) -> None:
+    def __init__(self, launch: Launch, device: torch.device) -> None:
         from trl.trainer.utils import add_fused_lm_head
 
-        model = load_stage_model(service_context(plan), frozen=True)
+        model = load_stage_model(service_context(launch), frozen=True)
         self.model, self.device = model.requires_grad_(False).eval().to(device), device
         add_fused_lm_head(self.model)
 
@@ -90,11 +91,11 @@ class ReferenceService(ReferenceCalls):
         return completion_log_probs(self.model, ids, mask, prompt_length, temperature).cpu()
 
 
-def start_service(plan: StagePlan, service: Service, device: torch.device) -> RewardCalls | ReferenceCalls:
+def start_service(launch: Launch, service: Service, device: torch.device) -> RewardCalls | ReferenceCalls:
     """What the actor for `service` holds (run inside it)."""
     if service.role == REFERENCE_ROLE:
-        return ReferenceService(plan, device)
-    return RewardModelService(plan, service.index, device)
+        return ReferenceService(launch, device)
+    return RewardModelService(launch, service.index, device)
 
 
 @dataclass
@@ -150,9 +151,7 @@ def reference_client(ctx: StageContext) -> ReferenceCalls:
 def remote_rewards(ctx: StageContext, waited: Waited) -> dict[int, Callable[..., list[float]]]:
     """Each reward model the plan places in an actor, as a reward function by its index in `rewards:`."""
     return {
-        index: remote_reward(
-            reward_client(ctx, index), Path(ctx.plan.inputs.reward_models[index]).name, waited
-        )
+        index: remote_reward(reward_client(ctx, index), Path(ctx.inputs.reward_models[index]).name, waited)
         for index in ctx.plan.placement.actor_rewards
     }
 
