@@ -13,6 +13,8 @@ import pytest
 
 from align.records import (
     EvalResults,
+    LoggedStep,
+    Progress,
     Record,
     RecordFormatError,
     StageError,
@@ -32,6 +34,15 @@ EXAMPLES: list[Record] = [
     StageResult(output="adapter", metrics={"loss": 1.0}, steps=10, samples=[{"prompt": "p", "before": "a"}]),
     StageError(type="DataError", message="bad row"),
     EvalResults(baseline="a", models=["a", "b"], rewards=["r"], prompts=2, generation={}, figures={}),
+    Progress(
+        started=1.0,
+        time=2.0,
+        step=3,
+        max_steps=9,
+        value=("loss", 0.5),
+        recent=[LoggedStep(step=3, values={})],
+    ),
+    Progress(started=1.0, time=1.0, phase="loading the data", notes=["said once"]),
     SweepState(spec={"method": "grid"}, variants=(VariantEnd(values={"x": 1}, status="stopped", step=4),)),
 ]
 

@@ -16,8 +16,9 @@ import yaml
 from align.cli import main
 from align.config.spec import NoSignalSpec
 from align.models.tiny import train_tokenizer
+from align.records import read_progress
 from align.report.console import ProgressLine, format_outcomes
-from align.stages.progress import PROGRESS, add_note, note_phase
+from align.stages.progress import add_note, note_phase
 from align.stages.signal import Scored, SignalWatch, constant_rewards, flat_start
 from tests.pipelines import QUIET_TRL, run, run_in_process, stage_record
 
@@ -45,7 +46,7 @@ def feed(signal: SignalWatch, shares: list[float], clipped: float = 1.0) -> None
 
 
 def notes(folder: Path) -> list[str]:
-    return json.loads((folder / PROGRESS).read_text()).get("notes", [])
+    return read_progress(folder).notes
 
 
 # --- the watch, on logged values ---
@@ -84,7 +85,7 @@ def test_no_signal_null_never_says_it(tmp_path, tokenizer):
     feed(signal, [1.0] * 5)
     signal.at_start(Scored(["x"], {"r": [0.0]}, [0.0]))
     assert signal.metrics() == {}
-    assert not (tmp_path / PROGRESS).exists()
+    assert read_progress(tmp_path) is None
 
 
 def test_rewards_that_never_vary_are_named_with_their_value_and_none_counts_as_no_opinion():
@@ -112,8 +113,8 @@ def test_a_note_survives_later_progress_writes_and_is_printed_once(tmp_path):
     add_note(tmp_path, "no learning signal at the start: ...")
     add_note(tmp_path, "no learning signal at the start: ...")  # said once
     note_phase(tmp_path, "training")
-    entry = json.loads((tmp_path / PROGRESS).read_text())
-    assert entry["phase"] == "training" and entry["notes"] == ["no learning signal at the start: ..."]
+    entry = read_progress(tmp_path)
+    assert entry.phase == "training" and entry.notes == ["no learning signal at the start: ..."]
     log = io.StringIO()
     progress = ProgressLine(log)
     progress.update("grpo", entry)

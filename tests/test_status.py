@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from align.cli import main
-from align.records import StageRecord
+from align.records import Progress, StageRecord, write_progress
 from align.report.console import ProgressLine, format_progress
 from align.run.lock import LOCK, process_started
 from align.run.records import keep_failed, publish, scratch_name, start_attempt
@@ -55,9 +55,7 @@ def lay_out_run(folder: Path) -> None:
     publish(merge, folder / "merge", record("merge", now - 90, status="succeeded", ended=now - 80, **reads))
     reads = {"config": {"model": "${stages.sft.output}"}}
     dpo = start_attempt(folder / "dpo", record("dpo", now - 20, **reads), None)
-    progress = {"step": 30, "max_steps": 60, "first_step": 0, "started": now - 15, "time": now, "value": None}
-    (dpo / "logs").mkdir()
-    (dpo / "logs" / "progress.json").write_text(json.dumps(progress))
+    write_progress(dpo / "logs", Progress(step=30, max_steps=60, first_step=0, started=now - 15, time=now))
     rm = record("rm", now - 50, config={"model": "${stages.sft.output}"})
     failed = rm.ended_as("failed", error="DataError: bad row\nmore")
     keep_failed(start_attempt(folder / "rm", rm, None), folder / "rm", failed)
@@ -145,17 +143,17 @@ def test_progress_keeps_one_live_line_per_running_stage_below_the_run_lines() ->
     terminal = Terminal()
     progress = ProgressLine(terminal)
     entry = {"max_steps": 10, "started": 0.0, "time": 1.0}
-    progress.update("left", {**entry, "step": 1})
-    progress.update("right", {**entry, "step": 2})
-    progress.update("left", {**entry, "step": 3})
+    progress.update("left", Progress(**entry, step=1))
+    progress.update("right", Progress(**entry, step=2))
+    progress.update("left", Progress(**entry, step=3))
     assert screen(terminal.getvalue()) == [
-        format_progress("left", {**entry, "step": 3}),
-        format_progress("right", {**entry, "step": 2}),
+        format_progress("left", Progress(**entry, step=3)),
+        format_progress("right", Progress(**entry, step=2)),
     ]
     progress.event("[left] done in 1.0s -> runs/x/left")
     assert screen(terminal.getvalue()) == [
         "[left] done in 1.0s -> runs/x/left",
-        format_progress("right", {**entry, "step": 2}),
+        format_progress("right", Progress(**entry, step=2)),
     ]
 
 
@@ -168,14 +166,14 @@ def test_before_its_first_step_a_stage_says_what_it_is_doing() -> None:
     started = time.time() - 75
     for progress in (ProgressLine(terminal), ProgressLine(log)):
         for phase in ("loading the data", "loading the data", "preparing 2,000 training rows and the model"):
-            progress.update("sft", {"phase": phase, "started": started, "time": started})
-        progress.update("sft", {"step": 1, "max_steps": 10, "started": started, "time": started + 1})
+            progress.update("sft", Progress(phase=phase, started=started, time=started))
+        progress.update("sft", Progress(step=1, max_steps=10, started=started, time=started + 1))
     assert screen(terminal.getvalue()) == [
-        format_progress("sft", {"step": 1, "max_steps": 10, "started": started, "time": started + 1})
+        format_progress("sft", Progress(step=1, max_steps=10, started=started, time=started + 1))
     ]
     assert "[sft] preparing 2,000 training rows and the model, 0:01:1" in terminal.getvalue()
     assert log.getvalue().splitlines() == [
         "[sft] loading the data",
         "[sft] preparing 2,000 training rows and the model",
-        format_progress("sft", {"step": 1, "max_steps": 10, "started": started, "time": started + 1}),
+        format_progress("sft", Progress(step=1, max_steps=10, started=started, time=started + 1)),
     ]

@@ -125,25 +125,25 @@ def test_a_stage_that_reads_the_swept_one_is_repeated_per_variant(tmp_path) -> N
 def test_asha_hears_each_logged_step_once_however_far_apart_the_file_is_read() -> None:
     """The progress file is read seconds apart: every step logged since the last read reaches ASHA at its own
     step, in order, once; the last step waits for the variant's end."""
+    from align.records import LoggedStep, Progress
     from align.run.tune_search import LoggedSteps
 
     steps = LoggedSteps()
     heard: list[tuple[int, float]] = []
-    recent = [{"step": step, "values": {"loss": 1.0 / step}} for step in range(1, 9)]
-    read = {"max_steps": 8, "step": 5, "recent": recent[:5]}
+    recent = [LoggedStep(step=step, values={"loss": 1.0 / step}) for step in range(1, 9)]
+    read = Progress(max_steps=8, step=5, recent=recent[:5], started=0.0, time=1.0)
     for entry in [
         read,
         read,
-        {**read, "step": 7, "recent": recent[:7]},
-        {**read, "step": 8, "recent": recent},
+        read.model_copy(update={"step": 7, "recent": recent[:7]}),
+        read.model_copy(update={"step": 8, "recent": recent}),
     ]:
         heard += [(event.step, event.values["loss"]) for event in steps.new("dpo", entry)]  # read twice: once
     assert heard == [(step, 1.0 / step) for step in range(1, 8)]
 
     # a stage so fast that the file is first read at its end: its steps reach ASHA all the same
-    assert [event.step for event in LoggedSteps().new("dpo", {**read, "step": 8, "recent": recent})] == list(
-        range(1, 8)
-    )
+    at_its_end = read.model_copy(update={"step": 8, "recent": recent})
+    assert [event.step for event in LoggedSteps().new("dpo", at_its_end)] == list(range(1, 8))
 
 
 def test_asha_stops_the_variant_that_lags_at_a_rung() -> None:

@@ -46,14 +46,15 @@ class Record(BaseModel):
 R = TypeVar("R", bound=Record)
 
 
-def write(path: Path, record: Record) -> None:
-    """Write `record` to `path` whole or not at all."""
+def write(path: Path, record: Record, sync: bool = True) -> None:
+    """Write `record` to `path` whole or not at all (`sync`: on disk before it replaces the old file)."""
     scratch = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}"
     try:
         with open(scratch, "w") as out:
             out.write(record.to_json())
-            out.flush()
-            os.fsync(out.fileno())
+            if sync:
+                out.flush()
+                os.fsync(out.fileno())
         os.replace(scratch, path)
     except BaseException:
         scratch.unlink(missing_ok=True)

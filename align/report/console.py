@@ -6,6 +6,8 @@ import shutil
 import threading
 import time
 
+from align.config.data_settings import DataSpec
+from align.config.eval_settings import EvalDataSpec
 from align.data.lengths import lengths_path, recalled
 from align.data.loading import HELD_OUT_ROWS, HELD_OUT_SHARE, NO_EVAL
 from align.data.scan import data_shape, scan_notes
@@ -17,6 +19,7 @@ from align.planning.host import host_share
 from align.planning.losses import carries_loss
 from align.planning.model_sizes import root_model
 from align.planning.plan import Plan, StagePlan
+from align.records import Progress
 from align.report.eval_tables import format_eval
 from align.run.package import Package
 
@@ -69,10 +72,10 @@ def memory_table(stage) -> list[str]:
 
 def held_out_source(stage) -> str | None:
     """What a training stage measures before and after training, in words."""
-    data = getattr(stage.stage, "data", None)
+    data = stage.data
     if data is None:
         return None
-    if hasattr(data, "prompts"):  # an eval stage's
+    if isinstance(data, EvalDataSpec):  # an eval stage's
         return f"the prompts {data.prompts}, asked of each model"
     if data.eval == NO_EVAL:
         return "nothing (eval: none)"
@@ -89,19 +92,19 @@ def held_out_source(stage) -> str | None:
 def data_lines(stage: StagePlan) -> list[str]:
     """What is done to a stage's rows before training (align/data/shapes.py); for a mixture, how its sources
     are mixed and each one's rows and share (align/data/sources.py)."""
-    data = getattr(stage.stage, "data", None)
-    noted = scan_notes(data, stage.data_kind) if hasattr(data, "sources") else []
+    data = stage.data
+    noted = scan_notes(data, stage.data_kind) if isinstance(data, DataSpec) else []
     notes = [f"data: {note}" for note in noted]
-    if data is not None and getattr(data, "is_mixture", False):
+    if isinstance(data, DataSpec) and data.is_mixture:
         return source_lines(data, stage.data_kind) + notes
-    shape = None if data is None else data_shape(getattr(data, "prompts", None) or data.train, data.columns)
+    rows = data.prompts if isinstance(data, EvalDataSpec) else data.train if data else None
+    shape = None if data is None else data_shape(rows, data.columns)
     return ([] if shape is None else [f"data: {shape}"]) + notes
 
 
 def precision_as_run(stage: StagePlan) -> str:
     """The precision with where the weights and Adam's moments live, e.g. `bf16 (mixed: fp32 weights ...)`."""
-    lora = getattr(stage.stage, "lora", None) is not None
-    return describe(stage.precision, stage.trainable_dtype, lora)
+    return describe(stage.precision, stage.trainable_dtype, stage.lora is not None)
 
 
 def sweep_lines(plan: Plan) -> list[str]:
@@ -155,7 +158,7 @@ def format_plan(plan: Plan) -> str:
             lines += [f"    rows: {line}" for line in counts.lines()]
         if stage.lora_targets is not None:
             lines.append(f"    lora targets: {stage.lora_targets.summary}")
-        if getattr(stage.stage, "data", None) is not None or stage.chat_template is not None:
+        if stage.data is not None or stage.chat_template is not None:
             lines += [f"    {line}" for line in plan_lines(stage.chat_template, stage.model_source)]
         if stage.lm_head is not None:
             lines.append(f"    lm head: {stage.lm_head.summary}")
@@ -213,22 +216,22 @@ TIMED_PARTS = (
 """What align does around a stage's train loop, as its summary's time line names it."""
 
 
-def format_progress(stage: str, entry: dict) -> str:
+def format_progress(stage: str, entry: Progress) -> str:
     """`[sft] step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35` from a stage's progress file."""
     return f"[{stage}] {progress_text(entry)}"
 
 
-def progress_text(entry: dict) -> str:
+def progress_text(entry: Progress) -> str:
     """`step 40/120 (33%)  loss 4.013  2.31 it/s  ETA 0:00:35`: the progress line, and `align status`;
     before the first step, what the stage is doing and for how long (`loading the data, 0:01:10`)."""
-    if "phase" in entry:
-        return f"{entry['phase']}, {duration(time.time() - entry['started'])}"
-    step, total, first = entry["step"], entry.get("max_steps") or 0, entry.get("first_step", 0)
+    if not entry.training:
+        return f"{entry.phase}, {duration(time.time() - entry.started)}"
+    step, total, first = entry.step, entry.max_steps or 0, entry.first_step
     parts = [f"step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
-    if entry.get("value"):
-        name, value = entry["value"]
+    if entry.value:
+        name, value = entry.value
         parts.append(f"{name} {value:.4g}")
-    elapsed = entry["time"] - entry["started"]
+    elapsed = entry.time - entry.started
     if step > first and elapsed > 0:
         rate = (step - first) / elapsed
         parts.append(f"{rate:.3g} it/s")
@@ -257,23 +260,23 @@ class ProgressLine:
         self.notes: dict[str, int] = {}  # how many of each stage's notes are printed
         self.lock = threading.RLock()  # a signal may land in the main thread while it draws
 
-    def update(self, stage: str, entry: dict) -> None:
+    def update(self, stage: str, entry: Progress) -> None:
         line = format_progress(stage, entry)
         with self.lock:
-            for note in entry.get("notes", [])[self.notes.get(stage, 0) :]:  # each once, as it comes
+            for note in entry.notes[self.notes.get(stage, 0) :]:  # each once, as it comes
                 self.event(f"[{stage}] {note}")
-            self.notes[stage] = len(entry.get("notes", []))
+            self.notes[stage] = len(entry.notes)
             if self.live:
                 self.erase()
                 self.lines[stage] = line[: shutil.get_terminal_size().columns - 1]  # one row each
                 self.draw()
-            elif "phase" in entry:  # once per phase, without a clock that would always read 0
-                if self.phases.get(stage) != entry["phase"]:
-                    self.phases[stage] = entry["phase"]
-                    self.stream.write(f"[{stage}] {entry['phase']}\n")
+            elif not entry.training:  # once per phase, without a clock that would always read 0
+                if self.phases.get(stage) != entry.phase:
+                    self.phases[stage] = entry.phase
+                    self.stream.write(f"[{stage}] {entry.phase}\n")
             else:
-                total = entry.get("max_steps") or 0
-                tenth = 10 * entry["step"] // total if total else 0
+                total = entry.max_steps or 0
+                tenth = 10 * entry.step // total if total else 0
                 if tenth > self.tenths.get(stage, 0):
                     self.tenths[stage] = tenth
                     self.stream.write(line + "\n")

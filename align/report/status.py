@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from align.pipeline.graph import order
-from align.records import StageRecord
+from align.records import LOGS, StageRecord, read_progress
 from align.report.console import progress_text
-from align.run.launch import read_progress
 from align.run.lock import LOCK, describe, same_process
 from align.run.records import RECORD, attempts, read_stage
 from align.stages.checkpoints import latest_complete
@@ -86,14 +85,15 @@ def stage_state(name: str, folder: Path, running: bool) -> StageState:
     if not attempt:
         return StageState(name, "pending")
     scratch, record = attempt
-    progress = read_progress(scratch)
+    progress = read_progress(scratch / LOGS)
     if record.status == "running" and running:
         return StageState(name, "running", progress_text(progress) if progress else "starting")
     if record.status in ("running", "interrupted"):
         checkpoint = latest_complete(scratch)
         # the progress file is written at most once a second, so a checkpoint may be a few steps past it
-        step = max((progress or {}).get("step", -1), checkpoint[0] if checkpoint else -1)
-        total = (progress or {}).get("max_steps")
+        logged = progress.step if progress and progress.step is not None else -1
+        step = max(logged, checkpoint[0] if checkpoint else -1)
+        total = progress.max_steps if progress else None
         where = "before its first step" if step < 0 else f"at step {step}" + (f"/{total}" if total else "")
         then = f"resumes it from step {checkpoint[0]}" if checkpoint else "starts it over (no checkpoint yet)"
         return StageState(name, "interrupted", f"{where}; `align run` {then} ({scratch})")

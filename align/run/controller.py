@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from align.config.secrets import redact
 from align.errors import AlignError, Interrupted, StageFailed
@@ -21,6 +21,7 @@ from align.pipeline.graph import downstream, upstream
 from align.planning.launch import Launch, beside, launch_of, priced
 from align.planning.plan import ModelInput, Plan
 from align.records import Attempt, MemoryRow, Resolved, StageRecord
+from align.records.progress import OnProgress
 from align.run import records, stop
 from align.run.disk import check_space, probe_writable
 from align.run.inputs import fingerprint, output_of, pinned, resolve_inputs
@@ -215,7 +216,7 @@ def run_plan(
     address: str | None = None,
     verbose: bool = False,
     on_event: Event = lambda _: None,
-    on_progress: Callable[[str, dict[str, Any]], None] = lambda *_: None,
+    on_progress: OnProgress = lambda *_: None,
     launch: Launcher | None = None,
     command: str = "align run",
     steer: Steer | None = None,

@@ -9,7 +9,6 @@ not retried and is reported once, with the path of the worker log.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -25,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 from align.compat.ray import embedded_head_settings, no_sigterm_handler, print_driver_lines_with
 from align.errors import AlignError, Interrupted, StageFailed
 from align.planning.launch import Launch
-from align.records import RankPlace, StageResult, WorkerConfig, read_error
+from align.records import LOGS, Progress, RankPlace, StageResult, WorkerConfig, read_error, read_progress
 from align.records.result import clear, take_result
 from align.run import stop
-from align.run.worker import PROGRESS_FILE
 
 if TYPE_CHECKING:
     from align.run.workers import WorkerGroup
@@ -255,13 +253,6 @@ def stage_error(stage: str, rank: int, failure: BaseException) -> StageFailed:
     )
 
 
-def read_progress(scratch: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((scratch / PROGRESS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def ray_launch(
     group: WorkerGroup,
     stage: Launch,
@@ -269,7 +260,7 @@ def ray_launch(
     resume: Path | None,
     *,
     verbose: bool = False,
-    on_progress: Callable[[dict[str, Any]], None] = lambda _: None,
+    on_progress: Callable[[Progress], None] = lambda _: None,
     services: dict[str, Any] | None = None,
 ) -> StageResult:
     """Run one attempt of the stage on the warm `group` (its plan's `workers` ranks), from `resume` (a
@@ -307,7 +298,7 @@ def ray_launch(
 
 
 def wait_for(
-    group: WorkerGroup, runs: list[Any], scratch: Path, on_progress: Callable[[dict[str, Any]], None]
+    group: WorkerGroup, runs: list[Any], scratch: Path, on_progress: Callable[[Progress], None]
 ) -> dict[int, BaseException]:
     """Wait for every rank of the group (its start first), showing progress; the ranks that failed, the
     first to fail first: once one has, the others get a moment to report theirs (a rank that lost its
@@ -327,6 +318,6 @@ def wait_for(
             except ray.exceptions.RayError as err:
                 failures.setdefault(rank_of[ref], err)
                 deadline = deadline or time.monotonic() + FAILURE_GRACE_S
-        if (progress := read_progress(scratch)) is not None:
+        if (progress := read_progress(scratch / LOGS)) is not None:
             on_progress(progress)
     return failures

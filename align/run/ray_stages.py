@@ -15,6 +15,7 @@ from typing import Any
 from align.errors import AlignError, Interrupted
 from align.planning.launch import Launch
 from align.planning.plan import Plan
+from align.records.progress import OnProgress
 from align.run import records
 from align.run.launch import Launched, connect, connected, disconnect, ray_launch, worker_env
 from align.run.lock import RunLock
@@ -34,7 +35,7 @@ class RayStages:
     address: str | None
     verbose: bool
     on_event: Event
-    on_progress: Callable[[str, dict[str, Any]], None]
+    on_progress: OnProgress
     workers: WarmWorkers
     embedded: bool = True
 
@@ -85,7 +86,7 @@ def ray_launcher(
     address: str | None,
     verbose: bool,
     on_event: Event,
-    on_progress: Callable[[str, dict[str, Any]], None],
+    on_progress: OnProgress,
 ) -> Iterator[RayStages]:
     """The run's Ray launcher; its workers and the Ray it started stop before the run's lock is released."""
     workers = WarmWorkers(worker_env(plan.pipeline.module_roots()), plan.order, on_event)

@@ -23,6 +23,7 @@ from align.pipeline.file import with_variants
 from align.pipeline.graph import downstream
 from align.pipeline.sweep import Sweep
 from align.planning.plan import Plan, StagePlan, build
+from align.records.progress import OnProgress, Progress
 from align.run import records
 from align.run.controller import Outcome, Schedule, first_line, run_plan
 from align.run.ray_stages import RayStages
@@ -30,7 +31,6 @@ from align.run.sweep_state import STATE, VariantEnd, key, read_state, write_stat
 from align.run.tune_search import Draws, EarlyStopper, Logged, LoggedSteps, Stop, draws
 
 Event = Callable[[str], None]
-Progress = Callable[[str, dict[str, Any]], None]
 
 
 def run_sweep(
@@ -39,7 +39,7 @@ def run_sweep(
     address: str | None,
     verbose: bool,
     on_event: Event,
-    on_progress: Progress,
+    on_progress: OnProgress,
     command: str,
 ) -> list[Outcome]:
     """Run the sweep of `plan` (its pipeline has one) as one run: shared stages, the variants as Tune draws
@@ -134,10 +134,10 @@ class Variants:
         later = variant_stages(plan, self.sweep) | downstream(plan.edges, set(self.sweep.evals))
         return [name for name in plan.order if name not in later]
 
-    def progress(self, on_progress: Progress) -> Progress:
+    def progress(self, on_progress: OnProgress) -> OnProgress:
         """The run's progress, shown as it is, with each step a variant's swept stage logs sent to ASHA."""
 
-        def heard(stage: str, entry: dict[str, Any]) -> None:
+        def heard(stage: str, entry: Progress) -> None:
             on_progress(stage, entry)
             if self.stopper is not None and stage.startswith(f"{self.sweep.stage}["):
                 for event in self.logged.new(stage, entry):  # in the stage's thread: to the driver's

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from align.config.sweep import EarlyStop
 from align.pipeline.sweep import Sweep
+from align.records import Progress
 from align.run.sweep_state import key
 
 
@@ -45,13 +46,13 @@ class LoggedSteps:
 
     heard: dict[str, int] = field(default_factory=dict)  # the last step heard of each stage
 
-    def new(self, stage: str, entry: dict[str, Any]) -> list[Logged]:
-        last, since = entry.get("max_steps") or math.inf, self.heard.get(stage, -1)
+    def new(self, stage: str, entry: Progress) -> list[Logged]:
+        last, since = entry.max_steps or math.inf, self.heard.get(stage, -1)
         found = []
-        for logged in entry.get("recent") or ():
-            if since < logged["step"] < last:
-                since = logged["step"]
-                found.append(Logged(stage, since, logged["values"]))
+        for logged in entry.recent:
+            if since < logged.step < last:
+                since = logged.step
+                found.append(Logged(stage, since, logged.values))
         self.heard[stage] = since
         return found
 

@@ -17,8 +17,6 @@ from pathlib import Path
 
 from align.records import StageError, WorkerConfig, write_error, write_result
 
-PROGRESS_FILE = "logs/progress.json"
-
 
 def quiet_libraries() -> None:
     """Keep worker output to training progress: no per-map progress bars or library chatter."""

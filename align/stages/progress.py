@@ -6,7 +6,6 @@ reads the file now and then, sees each."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import deque
@@ -14,9 +13,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from align.cache import write_atomically
+from align.records import LoggedStep, Progress, read_progress, write_progress
 
-PROGRESS = "progress.json"
 RECENT_LOGS = 64
 """Logged steps the file keeps, each with its values: the driver reads the file now and then, several steps
 apart on a fast stage, and a sweep's early stopping needs the value logged at each of its rungs."""
@@ -28,18 +26,10 @@ def is_rank_zero() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def current(path: Path) -> dict:
-    """What the file says now ({} when it is absent or mid-replace)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def with_notes(path: Path, entry: dict) -> str:
-    """`entry` as JSON, with the notes the file holds so far."""
-    notes = current(path).get("notes")
-    return json.dumps({**entry, "notes": notes} if notes else entry)
+def with_notes(logs_dir: Path, progress: Progress) -> Progress:
+    """`progress` with the notes the file holds so far."""
+    found = read_progress(logs_dir)
+    return progress.model_copy(update={"notes": found.notes}) if found else progress
 
 
 def note_phase(logs_dir: Path, phase: str) -> None:
@@ -47,32 +37,28 @@ def note_phase(logs_dir: Path, phase: str) -> None:
     starts."""
     if is_rank_zero():
         now = time.time()
-        path = logs_dir / PROGRESS
-        write_atomically(path, with_notes(path, {"phase": phase, "started": now, "time": now}))
+        write_progress(logs_dir, with_notes(logs_dir, Progress(phase=phase, started=now, time=now)))
 
 
 def add_note(logs_dir: Path, note: str) -> None:
     """On rank 0, a line the console prints once (and the file keeps), beside whatever the file says."""
-    path = logs_dir / PROGRESS
-    entry = current(path)
-    notes = entry.get("notes", [])
-    if not is_rank_zero() or note in notes:
+    if not is_rank_zero():
         return
-    if "step" not in entry and "phase" not in entry:  # nothing to show beside it yet
-        now = time.time()
-        entry = {"phase": "starting", "started": now, "time": now}
-    write_atomically(path, json.dumps({**entry, "notes": [*notes, note]}))
+    now = time.time()
+    found = read_progress(logs_dir) or Progress(phase="starting", started=now, time=now)
+    if note not in found.notes:
+        write_progress(logs_dir, found.model_copy(update={"notes": [*found.notes, note]}))
 
 
 class ProgressFile(TrainerCallback):
     """Rank 0 rewrites the file (atomically, at most once a second) with step, total and the last loss."""
 
     def __init__(self, logs_dir: Path) -> None:
-        self.path = logs_dir / PROGRESS
+        self.logs_dir = logs_dir
         self.started = time.time()
         self.written = 0.0
         self.last_value: tuple[str, float] | None = None
-        self.recent: deque[dict] = deque(maxlen=RECENT_LOGS)  # a sweep's ASHA reads each logged step
+        self.recent: deque[LoggedStep] = deque(maxlen=RECENT_LOGS)  # a sweep's ASHA reads each logged step
         self.first_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -83,7 +69,7 @@ class ProgressFile(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         values = {key: float(v) for key, v in (logs or {}).items() if isinstance(v, int | float)}
         if values:
-            self.recent.append({"step": state.global_step, "values": values})
+            self.recent.append(LoggedStep(step=state.global_step, values=values))
         for key in SHOWN:
             if logs and isinstance(logs.get(key), int | float):
                 self.last_value = (key, float(logs[key]))
@@ -99,13 +85,13 @@ class ProgressFile(TrainerCallback):
         if not state.is_world_process_zero or (not force and time.time() - self.written < 1.0):
             return
         self.written = time.time()
-        entry = {
-            "step": state.global_step,
-            "max_steps": state.max_steps,
-            "first_step": self.first_step,
-            "started": self.started,
-            "time": self.written,
-            "value": self.last_value,
-            "recent": list(self.recent),
-        }
-        write_atomically(self.path, with_notes(self.path, entry))
+        progress = Progress(
+            step=state.global_step,
+            max_steps=state.max_steps,
+            first_step=self.first_step,
+            started=self.started,
+            time=self.written,
+            value=self.last_value,
+            recent=list(self.recent),
+        )
+        write_progress(self.logs_dir, with_notes(self.logs_dir, progress))
