@@ -370,7 +370,8 @@ def test_ray_packaging_logs_under_the_quieted_name() -> None:
 PREPARE_READS = {
     "SFTTrainer": {"_tokenizer", "_is_vision_dataset", "chat_template", "completion_only_loss"},
     "DPOTrainer": {"_tokenizer", "_is_vision_dataset"},
-    "KTOTrainer": {"_tokenizer", "_is_vision_dataset", "calculate_KL", "desirable_weight", "undesirable_weight"},
+    "KTOTrainer": {"_tokenizer", "_is_vision_dataset", "calculate_KL"}
+    | {"desirable_weight", "undesirable_weight"},
     "RewardTrainer": {"_tokenizer", "_is_vision_dataset"},
 }
 """What align's stand-in gives each trainer's `_prepare_dataset` of its `self` (align/compat/trl.py with
@@ -383,7 +384,8 @@ def test_trl_prepare_dataset_reads_only_what_the_stand_in_holds(name: str) -> No
 
     method = getattr(trl, name)._prepare_dataset
     tail = ["packing", "formatting_func", "dataset_name"] if name == "SFTTrainer" else ["dataset_name"]
-    assert list(inspect.signature(method).parameters) == ["self", "dataset", "processing_class", "args", *tail]
+    leading = ["self", "dataset", "processing_class", "args"]
+    assert list(inspect.signature(method).parameters) == [*leading, *tail]
     reads = set(re.findall(r"\bself\.(\w+)", inspect.getsource(method)))
     assert reads <= PREPARE_READS[name], sorted(reads - PREPARE_READS[name])
 
@@ -411,7 +413,7 @@ def test_trl_online_trainers_keep_their_batch_and_run_both_rollout_steps(name: s
 
     trainer = getattr(trl, name)
     source = inspect.getsource(trainer)
-    assert 'self._logs = {' in source and '"completion"' in source and '"rewards"' in source
+    assert "self._logs = {" in source and '"completion"' in source and '"rewards"' in source
     for step in ("_generate", "_generate_and_score_completions"):
         assert step in vars(trainer), f"{name} no longer defines {step}"
         assert f"self.{step}(" in source, f"{name} no longer calls {step} on itself"
