@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from align.config.stage_parts import lora_of, trl_of
 from align.errors import Problem
 from align.models.memory import Workload, estimate
 from align.models.precision import compute_dtype as precision_compute_dtype
@@ -47,9 +48,8 @@ class FSDP:
 
     def problems(self, stage: StageBase, where: str, workers: int, precision: str) -> list[Problem]:
         """What this backend would not shard, refused rather than run unsharded under the name fsdp."""
-        trl = getattr(stage, "trl", {})
+        trl, lora = trl_of(stage), lora_of(stage)
         problems = []
-        lora = getattr(stage, "lora", None)
         if lora is not None and lora.load_in_4bit:
             problems.append(
                 Problem(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from align.backends.ddp import DDP
+from align.config.stage_parts import lora_of
 from align.errors import ConfigError, Problem
 from align.models.memory import Workload, estimate
 from align.models.precision import MIXED, PURE
@@ -72,7 +73,7 @@ class Zero2(DDP):
             except ConfigError:
                 return False
         setting = stage.zero2.offload_optimizer
-        return setting == "cpu" or (setting == "auto" and getattr(stage, "lora", None) is not None)
+        return setting == "cpu" or (setting == "auto" and lora_of(stage) is not None)
 
     def estimates(self, arch: Architecture, work: Workload, workers: int, stage: StageBase) -> dict:
         return {

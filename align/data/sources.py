@@ -59,14 +59,14 @@ def source_rows(path: str, kind: str, columns: dict[str, str]) -> int | None:
     return None if copy is None else copy.splits.get(hub.split)
 
 
-def absent_hub_data(stages: dict[str, Any]) -> list[Problem]:
-    """Each hub dataset the stages read that this machine cannot load: not in the local cache while the hub
-    is off. `align data` and a run here refuse it; `validate` and `plan` name it (it may be there where the
-    pipeline runs), as they name an absent hub model."""
+def absent_hub_data(data_by_stage: dict[str, Any]) -> list[Problem]:
+    """Each hub dataset the stages read (each training stage's `data:`, None for other kinds) that this
+    machine cannot load: not in the local cache while the hub is off. `align data` and a run here refuse
+    it; `validate` and `plan` name it (it may be there where the pipeline runs), as they name an absent hub
+    model."""
     found = []
-    for name, stage in stages.items():
-        data = getattr(stage, "data", None)
-        for path, ref, _columns, _at in data_refs(data, f"stages.{name}") if hasattr(data, "sources") else ():
+    for name, data in data_by_stage.items():
+        for path, ref, _columns, _at in data_refs(data, f"stages.{name}") if data is not None else ():
             if ref.startswith(HUB_PREFIX) and offline() and (hub := cached_ref(ref)) is not None:
                 found.append(Problem(path, unreached(hub)))
     return found

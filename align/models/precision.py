@@ -64,8 +64,9 @@ def resolve_precision(requested: str, hardware: Any) -> str:
 
 def precision_problems(stage: Any, where: str, precision: str) -> list[Problem]:
     """`bf16-pure` trains full parameters only: a LoRA stage's adapters are small and already train in
-    fp32 over a bf16 base under `bf16`, so pure bf16 would risk their updates for almost no memory."""
-    if precision == PURE and getattr(stage, "lora", None) is not None:
+    fp32 over a bf16 base under `bf16`, so pure bf16 would risk their updates for almost no memory. `stage`
+    is a training stage (config's TrainingStage, which this package sits below)."""
+    if precision == PURE and stage.lora is not None:
         return [
             Problem(
                 f"{where}.precision" if stage.precision else "defaults.precision",

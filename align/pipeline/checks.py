@@ -13,6 +13,7 @@ from pathlib import Path
 
 from align.cache import is_dir, link_loop
 from align.config.spec import KINDS, MergeStage, Pipeline, RewardedStage, RewardStage, TrainingStage
+from align.config.stage_parts import training_data_of, trl_of
 from align.data.loading import split_ref
 from align.data.overlap import held_out_problems
 from align.data.row_checks import is_message
@@ -156,7 +157,9 @@ def cross_check(pipeline: Pipeline, named: list[str] | None = None) -> CrossChec
     problems += vllm_problems(pipeline)
     problems += eval_problems(pipeline, reward_model_problems)
     problems += ignored_by_trl(pipeline)
-    absent = absent_models(pipeline) + absent_hub_data(pipeline.stages)
+    absent = absent_models(pipeline) + absent_hub_data(
+        {name: training_data_of(stage) for name, stage in pipeline.stages.items()}
+    )
     return CrossChecked(edges, problems, coverage_waiting(pipeline, problems), absent)
 
 
@@ -204,7 +207,7 @@ def ignored_by_trl(pipeline: Pipeline) -> list[Problem]:
         Problem(f"stages.{name}.trl.{key}", message)
         for name, stage in pipeline.stages.items()
         for (kind, key), message in IGNORED_BY_TRL.items()
-        if stage.kind == kind and getattr(stage, "trl", {}).get(key)
+        if stage.kind == kind and trl_of(stage).get(key)
     ]
 
 
@@ -222,7 +225,7 @@ def vllm_problems(pipeline: Pipeline) -> list[Problem]:
     return [
         Problem(f"stages.{name}.trl.use_vllm", message)
         for name, stage in pipeline.stages.items()
-        if getattr(stage, "trl", {}).get("use_vllm") is True
+        if trl_of(stage).get("use_vllm") is True
     ]
 
 

@@ -26,6 +26,7 @@ from pydantic import Field, ValidationError
 from align.backends import BACKENDS
 from align.cache import exists, user_path
 from align.config.spec import KINDS, STAGE_NAME, VARIANT_NAME, Defaults, Pipeline, StageBase
+from align.config.stage_parts import trl_of
 from align.config.strict import Strict
 from align.config.sweep import SweepSpec
 from align.config.validation import lenient, pydantic_problems
@@ -255,7 +256,7 @@ def parse(raw: dict[str, Any], source_dir: str | None = None) -> Pipeline:
         problems += stage_problems
         if stage is not None:
             stages[name] = stage
-            problems += trl_problems(stage.kind, getattr(stage, "trl", {}), f"stages.{name}.trl")
+            problems += trl_problems(stage.kind, trl_of(stage), f"stages.{name}.trl")
     problems += backend_problems(header, stages)
     if header is None:
         raise ConfigError(problems, waiting=tuple(f"stages.{name} ({ACROSS})" for name in named))
@@ -268,7 +269,7 @@ def parse(raw: dict[str, Any], source_dir: str | None = None) -> Pipeline:
     warnings = [
         warning
         for name, stage in stages.items()
-        for warning in trl_warnings(stage.kind, getattr(stage, "trl", {}), f"stages.{name}.trl")
+        for warning in trl_warnings(stage.kind, trl_of(stage), f"stages.{name}.trl")
     ]
     update = {"edges": found.edges, "warnings": tuple(warnings), "absent": tuple(found.absent)}
     return pipeline.model_copy(update=update)
@@ -349,7 +350,7 @@ def value_problems(spec: SweepSpec, raw: dict[str, Any], base: Path) -> list[Pro
             set_path({"stages": {stage: body}}, path, resolve_paths(value, tuple(path.split(".")), base))
             found, own = validate_stage(stage, body)
             if found is not None:
-                own += trl_problems(found.kind, getattr(found, "trl", {}), f"stages.{stage}.trl")
+                own += trl_problems(found.kind, trl_of(found), f"stages.{stage}.trl")
             problems += [Problem(f"sweep.parameters.{path}[{index}]", f"{p.path}: {p.message}") for p in own]
     return problems
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from align.config.placement import ACTOR_REFERENCE_KINDS, ACTOR_REWARD_KINDS
 from align.config.spec import EvalStage, Pipeline, StageBase, TrainingStage
+from align.config.stage_parts import rewards_of
 from align.errors import Problem
 from align.models.placement import Placement
 
@@ -46,7 +47,7 @@ def reference_problems(where: str, stage: StageBase) -> list[Problem]:
 
 def reward_placement_problems(where: str, stage: StageBase) -> list[Problem]:
     """A reward model in its own actor is for the online RL kinds; an eval stage scores on its own ranks."""
-    rewards = getattr(stage, "rewards", [])
+    rewards = rewards_of(stage)
     if stage.kind in ACTOR_REWARD_KINDS and not isinstance(stage, EvalStage):
         return []
     return [

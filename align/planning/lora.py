@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from align.config.spec import StageBase
+from align.config.stage_parts import lora_of
 from align.errors import ConfigError, Problem
 from align.models.architectures import Architecture, LoraTargets
 from align.models.chat_templates import ChatTemplate
@@ -46,7 +47,7 @@ class LMHead:
 def lora_targets(stage: StageBase, where: str, arch: Architecture | None) -> LoraTargets | None:
     """The stage's `lora.target_modules` against its model's own modules (as given when the model is not
     present yet); a name the model lacks is refused here, not by peft in the worker minutes later."""
-    lora = getattr(stage, "lora", None)
+    lora = lora_of(stage)
     if lora is None:
         return None
     named = lora.target_modules if isinstance(lora.target_modules, str) else tuple(lora.target_modules)
@@ -65,7 +66,7 @@ def trained_token_rows(
     """The template's special tokens whose embedding rows LoRA trains (peft's `trainable_token_indices`):
     for the kinds of FUSED_HEAD_KINDS, except on a backend that shards the model as it loads (peft indexes
     the embedding, which FSDP has made a DTensor: aten.index fails on the mix)."""
-    if stage.kind not in FUSED_HEAD_KINDS or getattr(stage, "lora", None) is None or template is None:
+    if stage.kind not in FUSED_HEAD_KINDS or lora_of(stage) is None or template is None:
         return ()
     return () if sharded_at_load else template.special_tokens
 
@@ -84,7 +85,7 @@ def lm_head(
     if stage.kind not in FUSED_HEAD_KINDS:
         return None
     tokens = template.special_tokens if template is not None else ()
-    if getattr(stage, "lora", None) is None or not tokens:
+    if lora_of(stage) is None or not tokens:
         return LMHead(FUSED, "TRL's chunked log-probs read the LM head's weight; the logits are never built")
     rows = f"the template's {len(tokens)} token rows ({' '.join(tokens)})"
     if not trained_token_rows(stage, template, sharded_at_load):

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from align.config.spec import Pipeline
+from align.config.stage_parts import rewards_of
 from align.data.loading import split_ref
 
 PACK_LIMIT = 100 * 10**6
@@ -66,7 +67,7 @@ def reward_modules(pipeline: Pipeline) -> list[Path]:
     tops = {
         reward.function.split(".")[0]
         for stage in pipeline.stages.values()
-        for reward in getattr(stage, "rewards", None) or []
+        for reward in rewards_of(stage)
         if getattr(reward, "function", None) and "." in reward.function
     }
     sys.path[:0] = pipeline.module_roots()
