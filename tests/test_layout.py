@@ -44,6 +44,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cache": set(),
     "fingerprint": set(),
     "rewards": {"errors"},
+    "records": {"errors"},
     "compat": {"errors"},  # every use of another library's private code (tests/test_compat.py)
     "measures": set(),
     "trainers": {"compat"},
@@ -54,10 +55,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "pipeline": BASE | {"config", "backends", "data", "models", "rewards"},
     "planning": BASE | {"config", "backends", "pipeline", "data", "models"},
     "stages": BASE
-    | {"compat", "config", "backends", "pipeline", "planning", "data", "models", "measures", "rewards"}
-    | {"trainers"},
-    "run": BASE | {"compat", "config", "pipeline", "planning", "data", "models", "stages"},
-    "report": BASE | {"config", "pipeline", "planning", "data", "models", "stages", "run"},
+    | {"config", "backends", "pipeline", "planning", "data", "models", "measures", "records", "rewards"}
+    | {"compat", "trainers"},
+    "run": BASE | {"compat", "config", "pipeline", "planning", "data", "models", "records", "stages"},
+    "report": BASE | {"config", "pipeline", "planning", "data", "models", "records", "stages", "run"},
     "cli": BASE | {"config", "pipeline", "planning", "data", "models", "run", "report"},
 }
 
