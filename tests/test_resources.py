@@ -21,6 +21,7 @@ from align.planning.resources import shared_cpus
 from align.report.status import where_ranks_ran
 from align.run.ray_stages import check_shared
 from align.run.workers import GroupShape, rank_order
+from tests.fake_records import a_record
 from tests.pipelines import stage, write_pipeline
 
 CPU = Hardware(accelerator=False, device_memory=80 * 10**9)
@@ -123,10 +124,10 @@ def test_status_says_where_each_rank_ran() -> None:
         {"rank": 0, "node_ip": "10.0.0.5", "node_id": "3f2a01", "local_rank": 0, "gpus": ["0"]},
         {"rank": 1, "node_ip": "10.0.0.6", "node_id": "9c1b02", "local_rank": 0, "gpus": ["3"]},
     ]
-    assert where_ranks_ran({"ranks": ranks}) == (
+    assert where_ranks_ran(a_record(ranks=ranks)) == (
         ", ranks on 2 nodes (0: 10.0.0.5/3f2a local 0 GPU 0, 1: 10.0.0.6/9c1b local 0 GPU 3)"
     )
-    assert where_ranks_ran({}) == ""
+    assert where_ranks_ran(a_record()) == ""
 
 
 def test_a_rank_that_cannot_read_the_output_root_is_named(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ import yaml
 
 from align.cli import main
 from align.errors import StageFailed
+from align.records import Attempt
 from align.run.controller import attempt_until_done
 from align.run.launch import LostWorkers
 from align.run.services import with_lost_services
@@ -283,12 +284,12 @@ def test_a_stage_that_lost_its_service_is_retried_from_its_checkpoint(tmp_path) 
         (scratch / "checkpoints" / "checkpoint-2" / COMPLETE).write_text("{}")
         raise with_lost_services("ppo", own, {"rewards[0]": ActorDiedError()})
 
-    attempts: list[dict] = []
+    attempts: list[Attempt] = []
     events: list[str] = []
     ppo = SimpleNamespace(name="ppo", plan=SimpleNamespace(max_failures=2))
     assert attempt_until_done(None, ppo, tmp_path, launch, attempts, events.append) == {"metrics": {}}
     assert resumed == [None, tmp_path / "checkpoints" / "checkpoint-2"]
-    assert [attempt.get("error") for attempt in attempts] == [LOST, None]
+    assert [attempt.error for attempt in attempts] == [LOST, None]
     assert f"[ppo] {LOST}; retry 1 of 2, from the last checkpoint" in events
 
 
