@@ -13,10 +13,30 @@ from __future__ import annotations
 from typing import Any
 
 from align.records import StageResult
-from align.stages.context import StageContext, load_stage_model, on_training_device
+from align.stages.context import StageContext, load_stage_model, on_training_device, stage_tokenizer
 from align.stages.distill_measure import teacher_measure
-from align.stages.preamble import preamble
-from align.stages.training import Training, train_stage
+from align.stages.preamble import (
+    count_rows,
+    held_out_prompts,
+    load_data,
+    load_policy,
+    output_folder,
+    trainer_arguments,
+    trl_config,
+)
+from align.stages.training import (
+    finished,
+    published,
+    ready,
+    sampled,
+    save_output,
+    start_clocks,
+    train,
+    trainable_checksums,
+    trained,
+)
+
+CURVES = (("loss", "loss"),)  # the logged loss: its first and last values are recorded
 
 
 def frozen_teacher(ctx: StageContext, tokenizer: Any) -> Any:
@@ -31,17 +51,28 @@ def run(ctx: StageContext) -> StageResult:
     """Measure the student against the teacher, distil, measure again, and save the student."""
     from trl import DistillationTrainer
 
-    start = preamble(ctx, padding_side="left")  # TRL generates from left-padded prompts
-    tokenizer = start.tokenizer
+    data = load_data(ctx)
+    tokenizer = stage_tokenizer(ctx, padding_side="left")  # TRL generates from left-padded prompts
+    config = trl_config(ctx, data, tokenizer)
+    counts = data.mixture | count_rows(ctx, data.train, tokenizer, config)
     teacher = frozen_teacher(ctx, tokenizer)
-    trainer = DistillationTrainer(teacher_model=teacher, **{**start.trainer_kwargs(), "eval_dataset": None})
-    measure = teacher_measure(trainer, tokenizer, start.evaluation, ctx.plan.seed)
-    training = Training(
-        trainer,
-        tokenizer,
-        start.output,
-        held_out=measure,
-        sample_prompts=start.sample_prompts(),
-        counts=start.counts,
-    )
-    return train_stage(ctx, training)
+    student = load_policy(ctx)
+    arguments = trainer_arguments(ctx, student, config, tokenizer, data.train, None)
+    trainer = DistillationTrainer(teacher_model=teacher, **arguments)
+    measure = teacher_measure(trainer, tokenizer, data.evaluation, ctx.plan.seed)
+    prompts, output, model = held_out_prompts(ctx, data), output_folder(ctx), trainer.model
+
+    clocks = start_clocks(ctx, trainer)
+    ready(ctx, model, model)
+    metrics = measure("before")
+    clocks.lap("measure_before")
+    before = sampled(clocks, "before", model, tokenizer, prompts)
+    checksums = trainable_checksums(model)
+    train(ctx, trainer, clocks)
+    metrics |= measure("after")
+    clocks.lap("measure_after")
+    after = sampled(clocks, "after", model, tokenizer, prompts)
+    metrics |= {**trained(trainer, model, checksums, clocks), **counts}
+    save_output(ctx, trainer, output)
+    metrics |= published(ctx, trainer, tokenizer, output, CURVES)
+    return finished(clocks, metrics, trainer, output, (prompts, before, after))

@@ -84,8 +84,9 @@ def with_interval(name: str, values: list[float], seed: int) -> dict[str, float]
 
 
 def teacher_measure(trainer: Any, tokenizer: Any, rows: Any, seed: int) -> Callable[[str], dict[str, float]]:
-    """A distill runner's `Training.held_out`: the student against the teacher on the held-out prompts
-    (`teacher_jsd_*`, `teacher_agreement_*`, each with its interval), the teacher answering once."""
+    """The distill runner's held-out measure, called `before` and `after` training: the student against the
+    teacher on the held-out prompts (`teacher_jsd_*`, `teacher_agreement_*`, each with its interval), the
+    teacher answering once."""
     if rows is None:
         return no_measure
     prompts = list(rows.select(range(min(HELD_OUT_PROMPTS, len(rows))))["prompt"])

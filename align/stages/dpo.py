@@ -15,10 +15,31 @@ from typing import Any
 from align.measures.heldout import PairLogprobs, pair_logprobs
 from align.planning.placement import REFERENCE_ACTOR, REFERENCE_PRECOMPUTED
 from align.records import StageResult
-from align.stages.context import StageContext, frozen_reference
-from align.stages.preamble import preamble
+from align.stages.context import StageContext, frozen_reference, stage_tokenizer
+from align.stages.preamble import (
+    count_rows,
+    held_out_prompts,
+    load_data,
+    load_policy,
+    output_folder,
+    trainer_arguments,
+    trl_config,
+)
 from align.stages.services import Waited, with_remote_reference
-from align.stages.training import Training, no_measure, suffixed, train_stage
+from align.stages.training import (
+    finished,
+    published,
+    ready,
+    sampled,
+    save_output,
+    start_clocks,
+    suffixed,
+    train,
+    trainable_checksums,
+    trained,
+)
+
+CURVES = (("loss", "loss"),)  # the logged loss: its first and last values are recorded
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -27,24 +48,38 @@ def run(ctx: StageContext) -> StageResult:
 
     in_actor = ctx.plan.placement.reference == REFERENCE_ACTOR
     precompute = in_actor or ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    overrides = {"precompute_ref_log_probs": True} if precompute else None
-    start = preamble(ctx, overrides, padding_side="left")
-    config, evaluation = start.config, start.evaluation
+    data = load_data(ctx)
+    tokenizer = stage_tokenizer(ctx, padding_side="left")
+    config = trl_config(ctx, data, tokenizer, {"precompute_ref_log_probs": True} if precompute else None)
+    counts = data.mixture | count_rows(ctx, data.train, tokenizer, config)
     waited = Waited()  # on the reference's actor, which precomputes every pair's log-probs
     trainer_class = with_remote_reference(DPOTrainer, ctx, waited) if in_actor else DPOTrainer
-    # ref_model None: TRL disables the adapters, or precomputes (in the reference's actor, or from the policy)
-    trainer = trainer_class(ref_model=frozen_reference(ctx), **start.trainer_kwargs())
-    scores = HeldOutPairs(trainer, start.tokenizer, evaluation, config.max_length or 1024, config.beta)
-    training = Training(
-        trainer,
-        start.tokenizer,
-        start.output,
-        held_out=scores if evaluation is not None else no_measure,
-        sample_prompts=start.sample_prompts(),
-        run_metrics=waited.split if in_actor else dict,
-        counts=start.counts,
-    )
-    return train_stage(ctx, training)
+    # None: TRL disables the adapters, or precomputes (in the reference's actor, or from the policy)
+    reference = frozen_reference(ctx)
+    policy = load_policy(ctx)
+    arguments = trainer_arguments(ctx, policy, config, tokenizer, data.train, data.evaluation)
+    trainer = trainer_class(ref_model=reference, **arguments)
+    held_out = HeldOutPairs(tokenizer, data.evaluation, config.max_length or 1024, config.beta)
+    prompts, output, model = held_out_prompts(ctx, data), output_folder(ctx), trainer.model
+
+    clocks = start_clocks(ctx, trainer)
+    ready(ctx, model, model)
+    metrics = held_out.measure(trainer.model, "before")
+    clocks.lap("measure_before")
+    before = sampled(clocks, "before", model, tokenizer, prompts)
+    checksums = trainable_checksums(model)
+    train(ctx, trainer, clocks)
+    metrics |= held_out.measure(trainer.model, "after")
+    clocks.lap("measure_after")
+    after = sampled(clocks, "after", model, tokenizer, prompts)
+    metrics |= {
+        **trained(trainer, model, checksums, clocks),
+        **(waited.split() if in_actor else {}),
+        **counts,
+    }
+    save_output(ctx, trainer, output)
+    metrics |= published(ctx, trainer, tokenizer, output, CURVES)
+    return finished(clocks, metrics, trainer, output, (prompts, before, after))
 
 
 @dataclass
@@ -60,15 +95,16 @@ class HeldOutPairs:
     reward is 0 and every pair ties: counted half, as in any win rate (TRL counts a tie as wrong, and its
     accuracy 0 read as "learned from zero"); `dpo_reward_ties_before` says so."""
 
-    trainer: Any
     tokenizer: Any
-    rows: Any
+    rows: Any  # None: nothing held out, nothing measured
     max_length: int
     beta: float
     reference: PairLogprobs | None = None
 
-    def __call__(self, phase: str) -> dict[str, float]:
-        policy = pair_logprobs(self.trainer.model, self.tokenizer, self.rows, self.max_length)
+    def measure(self, model: Any, phase: str) -> dict[str, float]:
+        if self.rows is None:
+            return {}
+        policy = pair_logprobs(model, self.tokenizer, self.rows, self.max_length)
         own = policy.scores()
         if self.reference is None:  # before training: the policy is the reference
             self.reference = policy

@@ -10,15 +10,34 @@ from typing import Any
 
 from align.compat.trl import kept_generation_batch
 from align.planning.plan import ModelInput
-from align.stages.context import StageContext, StageResult, merged_input
-from align.stages.preamble import preamble
-from align.stages.rl import held_out_measure, signal_watch, stage_rewards
+from align.records import StageResult
+from align.stages.context import StageContext, merged_input, stage_tokenizer
+from align.stages.preamble import (
+    held_out_prompts,
+    load_data,
+    load_policy,
+    output_folder,
+    trainer_arguments,
+    trl_config,
+)
+from align.stages.rl import HeldOutRewards, signal_watch, stage_rewards
 from align.stages.rollout_clock import timed
 from align.stages.services import Waited, remote_rewards
 from align.stages.signal import Scored
-from align.stages.training import Training, train_stage
+from align.stages.training import (
+    finished,
+    published,
+    ready,
+    sampled,
+    save_output,
+    start_clocks,
+    train,
+    trainable_checksums,
+    trained,
+)
 
 TRAINERS = {"grpo": "GRPOTrainer", "rloo": "RLOOTrainer"}
+CURVES = (("reward", "reward"),)  # the logged reward: its first and last values are recorded
 
 
 def latest_batch(trainer: Any) -> Scored | None:
@@ -48,25 +67,34 @@ def run(ctx: StageContext) -> StageResult:
 
     waited = Waited()  # on reward models in actors of their own, within the rollout's time
     rewards = stage_rewards(ctx, remote_rewards(ctx, waited))
-    start = preamble(ctx, {"reward_weights": rewards.weights}, padding_side="left")
-    config, tokenizer = start.config, start.tokenizer
+    data = load_data(ctx)
+    tokenizer = stage_tokenizer(ctx, padding_side="left")
+    config = trl_config(ctx, data, tokenizer, {"reward_weights": rewards.weights})
     with policy_input(ctx, config.beta) as policy_ctx:
-        policy = start.load_model(policy_ctx)
+        policy = load_policy(policy_ctx)
         trainer = timed(getattr(trl, TRAINERS[ctx.plan.kind]))(
             reward_funcs=rewards.sources,
             reward_processing_classes=rewards.tokenizers,
-            **{**start.trainer_kwargs(policy), "eval_dataset": None},
+            **trainer_arguments(ctx, policy, config, tokenizer, data.train, None),
         )
-    watch = signal_watch(start, lambda: latest_batch(trainer))
+    watch = signal_watch(ctx, config, tokenizer, lambda: latest_batch(trainer))
     trainer.add_callback(watch)
-    measure = held_out_measure(start, lambda: trainer.model, rewards, waited.paused, watch)
-    training = Training(
-        trainer,
-        tokenizer,
-        start.output,
-        held_out=measure,
-        curves=(("reward", "reward"),),
-        sample_prompts=start.sample_prompts(),
-        run_metrics=lambda: {**trainer.rollout_split(), **waited.split(), **watch.metrics()},
-    )
-    return train_stage(ctx, training)
+    seed, paused = ctx.plan.seed, waited.paused
+    held_out = HeldOutRewards(data.evaluation, rewards, config, tokenizer, seed, paused, watch)
+    prompts, output, model = held_out_prompts(ctx, data), output_folder(ctx), trainer.model
+
+    clocks = start_clocks(ctx, trainer)
+    ready(ctx, model, model)
+    metrics = held_out.measure(trainer.model, "before")
+    clocks.lap("measure_before")
+    before = sampled(clocks, "before", model, tokenizer, prompts)
+    checksums = trainable_checksums(model)
+    train(ctx, trainer, clocks)
+    metrics |= held_out.measure(trainer.model, "after")
+    clocks.lap("measure_after")
+    after = sampled(clocks, "after", model, tokenizer, prompts)
+    metrics |= trained(trainer, model, checksums, clocks)
+    metrics |= {**trainer.rollout_split(), **waited.split(), **watch.metrics()}
+    save_output(ctx, trainer, output)
+    metrics |= published(ctx, trainer, tokenizer, output, CURVES)
+    return finished(clocks, metrics, trainer, output, (prompts, before, after))

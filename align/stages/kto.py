@@ -20,9 +20,31 @@ from align.errors import DataError
 from align.measures.heldout import label_scores, preference_scores
 from align.planning.placement import REFERENCE_PRECOMPUTED
 from align.records import StageResult
-from align.stages.context import StageContext, frozen_reference
-from align.stages.preamble import preamble
-from align.stages.training import Training, no_measure, suffixed, train_stage
+from align.stages.context import StageContext, frozen_reference, stage_tokenizer
+from align.stages.preamble import (
+    count_rows,
+    held_out_prompts,
+    load_data,
+    load_policy,
+    output_folder,
+    trainer_arguments,
+    trl_config,
+)
+from align.stages.training import (
+    finished,
+    published,
+    ready,
+    sampled,
+    save_output,
+    start_clocks,
+    suffixed,
+    train,
+    trainable_checksums,
+    trained,
+)
+
+CURVES = (("loss", "loss"), ("kl", "kl"), ("rewards/margins", "reward_margin"))
+"""TRL's logged loss, KL estimate and reward margin: their first and last values are recorded."""
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -31,47 +53,52 @@ def run(ctx: StageContext) -> StageResult:
 
     where = ctx.plan.where
     precompute = ctx.plan.placement.reference == REFERENCE_PRECOMPUTED
-    # TRL's collator pads right itself; a missing pad token becomes EOS
-    start = preamble(ctx, {"precompute_ref_log_probs": True} if precompute else None)
-    start.train = train = prompted(start.train, f"{where}.data.train")
-    if start.evaluation is not None:
-        start.evaluation = prompted(start.evaluation, f"{where}.data.eval")
-    held_out = start.evaluation
-    paired = held_out is not None and is_paired(held_out)
-    if held_out is not None and not paired:
-        both_labels(held_out, f"{where}.data.{'eval' if ctx.plan.stage.data.eval else 'train'}")
-    tokenizer = start.tokenizer
+    data = load_data(ctx)
+    tokenizer = stage_tokenizer(ctx)  # TRL's collator pads right itself; a missing pad token becomes EOS
+    config = trl_config(ctx, data, tokenizer, {"precompute_ref_log_probs": True} if precompute else None)
+    data.train = prompted(data.train, f"{where}.data.train")
+    if data.evaluation is not None:
+        data.evaluation = prompted(data.evaluation, f"{where}.data.eval")
+        if not is_paired(data.evaluation):
+            both_labels(data.evaluation, f"{where}.data.{'eval' if ctx.plan.stage.data.eval else 'train'}")
+    train_rows = unpaired(data.train)
+    counts = data.mixture | count_rows(ctx, train_rows, tokenizer, config)
+    reference = frozen_reference(ctx)  # None: TRL disables the adapters, or precomputes
+    policy = load_policy(ctx)
+    held_out = None if data.evaluation is None else unpaired(data.evaluation)
     trainer = KTOTrainer(
-        ref_model=frozen_reference(ctx),  # None: TRL disables the adapters, or precomputes
-        **{
-            **start.trainer_kwargs(train=unpaired(train)),
-            "eval_dataset": None if held_out is None else unpaired(held_out),
-        },
+        ref_model=reference, **trainer_arguments(ctx, policy, config, tokenizer, train_rows, held_out)
     )
-    max_length = start.config.max_length or 1024
+    max_length = config.max_length or 1024
+    prompts, output, model = held_out_prompts(ctx, data), output_folder(ctx), trainer.model
 
-    def scores(phase: str) -> dict[str, float]:
-        if paired:
-            measured = preference_scores(trainer.model, tokenizer, held_out, max_length)
-            # the same pairs, each completion scored on its own: a pair's margin averaged is that margin
-            measured["label_margin"] = measured["preference_margin"]
-        else:
-            measured = label_scores(trainer.model, tokenizer, held_out, max_length)
-        return suffixed(measured, phase)
+    clocks = start_clocks(ctx, trainer)
+    ready(ctx, model, model)
+    metrics = feedback_scores(trainer.model, tokenizer, data.evaluation, max_length, "before")
+    clocks.lap("measure_before")
+    before = sampled(clocks, "before", model, tokenizer, prompts)
+    checksums = trainable_checksums(model)
+    train(ctx, trainer, clocks)
+    metrics |= feedback_scores(trainer.model, tokenizer, data.evaluation, max_length, "after")
+    clocks.lap("measure_after")
+    after = sampled(clocks, "after", model, tokenizer, prompts)
+    metrics |= {**trained(trainer, model, checksums, clocks), **counts}
+    save_output(ctx, trainer, output)
+    metrics |= published(ctx, trainer, tokenizer, output, CURVES)
+    return finished(clocks, metrics, trainer, output, (prompts, before, after))
 
-    curves = (("loss", "loss"), ("kl", "kl"), ("rewards/margins", "reward_margin"))
-    measure = scores if held_out is not None else no_measure
-    prompts = start.sample_prompts()
-    training = Training(
-        trainer,
-        tokenizer,
-        start.output,
-        held_out=measure,
-        curves=curves,
-        sample_prompts=prompts,
-        counts=start.counts,
-    )
-    return train_stage(ctx, training)
+
+def feedback_scores(model: Any, tokenizer: Any, rows: Any, max_length: int, phase: str) -> dict[str, float]:
+    """The held-out feedback scored by `model`: pairs by their preference margin (each completion scored on
+    its own, so a pair's margin averaged is the label margin too), unpaired rows by label. None: nothing."""
+    if rows is None:
+        return {}
+    if is_paired(rows):
+        measured = preference_scores(model, tokenizer, rows, max_length)
+        measured["label_margin"] = measured["preference_margin"]
+    else:
+        measured = label_scores(model, tokenizer, rows, max_length)
+    return suffixed(measured, phase)
 
 
 def is_paired(dataset: Any) -> bool:

@@ -8,7 +8,6 @@ LoRA is merged before saving, because the RL stages that read it load a model, n
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,9 +15,21 @@ import torch
 from align.measures.heldout import training_text
 from align.models.loading import load_pretrained
 from align.records import StageResult
-from align.stages.context import StageContext, merged_input
-from align.stages.preamble import preamble
-from align.stages.training import Training, no_measure, train_stage
+from align.stages.context import StageContext, merged_input, peft_config, stage_tokenizer
+from align.stages.preamble import count_rows, load_data, trainer_arguments, trl_config
+from align.stages.training import (
+    finished,
+    published,
+    ready,
+    sampled,
+    start_clocks,
+    train,
+    trainable_checksums,
+    trained,
+)
+
+OUTPUT = "model"  # always a whole model: the RL stages that read it load a model, not an adapter
+CURVES = (("loss", "loss"),)  # the logged loss: its first and last values are recorded
 
 
 def load_reward_model(ctx: StageContext) -> torch.nn.Module:
@@ -68,27 +79,47 @@ def run(ctx: StageContext) -> StageResult:
     from trl import RewardTrainer
 
     lora = ctx.plan.stage.lora
-    start = preamble(ctx)
-    config, tokenizer = start.config, start.tokenizer
-    model = load_reward_model(ctx)
-    model.config.pad_token_id = tokenizer.pad_token_id  # the head scores the last non-pad token
+    data = load_data(ctx)
+    tokenizer = stage_tokenizer(ctx)
+    config = trl_config(ctx, data, tokenizer)
+    counts = data.mixture | count_rows(ctx, data.train, tokenizer, config)
+    scorer = load_reward_model(ctx)
+    scorer.config.pad_token_id = tokenizer.pad_token_id  # the head scores the last non-pad token
     # a sequence-classification task keeps the new score head trainable beside the adapters
-    lora_config = dataclasses.replace(start.peft_config(), task_type="SEQ_CLS") if lora else None
-    trainer = RewardTrainer(**{**start.trainer_kwargs(model), "peft_config": lora_config})
-    held_out = start.evaluation
+    lora_config = dataclasses.replace(peft_config(ctx.plan), task_type="SEQ_CLS") if lora else None
+    arguments = trainer_arguments(ctx, scorer, config, tokenizer, data.train, data.evaluation)
+    trainer = RewardTrainer(**{**arguments, "peft_config": lora_config})
+    max_length = config.max_length or 1024
+    prompts: list[Any] = []  # a reward model scores replies: it writes none
+    model = trainer.model
 
-    def accuracy(phase: str) -> dict[str, float]:
-        value = pairwise_accuracy(trainer.model, tokenizer, held_out, config.max_length or 1024)
-        return {f"pairwise_accuracy_{phase}": value}
+    clocks = start_clocks(ctx, trainer)
+    ready(ctx, model, model)
+    metrics = held_out_accuracy(trainer.model, tokenizer, data.evaluation, max_length, "before")
+    clocks.lap("measure_before")
+    before = sampled(clocks, "before", model, tokenizer, prompts)
+    checksums = trainable_checksums(model)
+    train(ctx, trainer, clocks)
+    metrics |= held_out_accuracy(trainer.model, tokenizer, data.evaluation, max_length, "after")
+    clocks.lap("measure_after")
+    after = sampled(clocks, "after", model, tokenizer, prompts)
+    metrics |= {**trained(trainer, model, checksums, clocks), **counts}
+    save_whole_model(ctx, trainer, merge=lora is not None)
+    metrics |= published(ctx, trainer, tokenizer, OUTPUT, CURVES)
+    return finished(clocks, metrics, trainer, OUTPUT, (prompts, before, after))
 
-    def save(folder: Path) -> None:
-        """A whole model folder; LoRA adapters (and their trained score head) are merged into it first."""
-        if lora is None:
-            trainer.save_model(str(folder))
-        elif ctx.is_main:
-            trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(folder))
 
-    measure = accuracy if held_out is not None else no_measure
-    return train_stage(
-        ctx, Training(trainer, tokenizer, "model", held_out=measure, save=save, counts=start.counts)
-    )
+def held_out_accuracy(model: Any, tokenizer: Any, rows: Any, max_length: int, phase: str) -> dict[str, float]:
+    """`pairwise_accuracy_<phase>` on the held-out pairs; nothing when none are held out."""
+    if rows is None:
+        return {}
+    return {f"pairwise_accuracy_{phase}": pairwise_accuracy(model, tokenizer, rows, max_length)}
+
+
+def save_whole_model(ctx: StageContext, trainer: Any, merge: bool) -> None:
+    """A whole model folder; LoRA adapters (and their trained score head) are merged into it first."""
+    folder = ctx.output_dir / OUTPUT
+    if not merge:
+        trainer.save_model(str(folder))
+    elif ctx.is_main:
+        trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(folder))

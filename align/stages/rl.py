@@ -21,9 +21,8 @@ from align.models.loading import load_pretrained, load_tokenizer
 from align.planning.placement import REWARD_MODELS_SHARDED
 from align.rewards import guarded_function
 from align.stages.context import StageContext
-from align.stages.preamble import Preamble
 from align.stages.signal import Scored, SignalWatch
-from align.stages.training import no_measure, suffixed
+from align.stages.training import suffixed
 from align.trainers.sampling import decode, generate
 
 EVAL_SAMPLES = 4  # completions per held-out prompt
@@ -188,35 +187,35 @@ def reward_means(scored: Scored) -> dict[str, float]:
     return {"reward_mean": sum(totals) / max(len(totals), 1), **means}
 
 
-def held_out_measure(
-    start: Preamble,
-    policy: Callable[[], Any],
-    rewards: Rewards,
-    paused: Callable[[], AbstractContextManager],
-    watch: SignalWatch,
-) -> Callable[[str], dict[str, float]]:
-    """An RL runner's `Training.held_out`: the held-out means before and after training, sampled from
-    `policy()` while `paused()` (the wait on reward services stops counting); before training, the watch
-    reads the samples for a start with nothing to learn from."""
-    if start.evaluation is None:
-        return no_measure
+@dataclass
+class HeldOutRewards:
+    """An RL stage's held-out measure: seeded samples for the held-out prompts, scored by the stage's rewards
+    while `waited` is paused (the wait on reward services stops counting); before training, `watch` reads
+    them for a start with nothing to learn from. `rows` None: nothing is held out, nothing is measured."""
 
-    def measure(phase: str) -> dict[str, float]:
-        with paused():
-            scored = held_out_scores(
-                policy(), start.tokenizer, start.evaluation, rewards, start.config, start.ctx.plan.seed
-            )
+    rows: Any
+    rewards: Rewards
+    config: Any
+    tokenizer: Any
+    seed: int
+    paused: Callable[[], AbstractContextManager]
+    watch: SignalWatch
+
+    def measure(self, policy: Any, phase: str) -> dict[str, float]:
+        """`reward_mean_<phase>` and each reward's mean, sampled from `policy`."""
+        if self.rows is None:
+            return {}
+        with self.paused():
+            scored = held_out_scores(policy, self.tokenizer, self.rows, self.rewards, self.config, self.seed)
         if phase == "before":
-            watch.at_start(scored)
+            self.watch.at_start(scored)
         return suffixed(reward_means(scored), phase)
 
-    return measure
 
-
-def signal_watch(start: Preamble, latest: Callable[[], Scored | None], unit: str = "groups") -> SignalWatch:
+def signal_watch(
+    ctx: StageContext, config: Any, tokenizer: Any, latest: Callable[[], Scored | None], unit: str = "groups"
+) -> SignalWatch:
     """The stage's watch for a run with nothing to learn from (align/stages/signal.py), as `no_signal:` sets
     it; `latest()` gives the latest batch of completions and their rewards."""
-    ctx, limit = start.ctx, start.config.max_completion_length
-    return SignalWatch(
-        ctx.plan.stage.no_signal, ctx.output_dir / "logs", latest, start.tokenizer, limit, unit
-    )
+    limit = config.max_completion_length
+    return SignalWatch(ctx.plan.stage.no_signal, ctx.output_dir / "logs", latest, tokenizer, limit, unit)

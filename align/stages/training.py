@@ -1,9 +1,8 @@
-"""The one skeleton every training runner shares: verify, measure and sample, train, measure and sample,
-save, record.
-
-A runner builds its trainer and says what is its own (`Training`): its held-out measurement and the
-prompts it samples, the curves its log holds, how its output is saved. `train_stage` does the rest, in
-the same order for every kind, so a new kind is a table row, its spec and a short runner.
+"""The steps every training runner shares, each called by name from the runner, in its order: the clocks
+start once the trainer is built (`start_clocks`), the backend verifies the model (`ready`), the held-out
+prompts are sampled (`sampled`), TRL trains (`train`), the run is judged (`trained`: did every trainable
+parameter move), the output is saved and published (`save_output`, `published`), and the result is made
+(`finished`). What a kind measures, and how, is its runner's own.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import itertools
 import json
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,83 +30,90 @@ def no_measure(phase: str) -> dict[str, float]:
 
 
 @dataclass
-class Training:
-    """What a runner built, and what is its own.
+class Clocks:
+    """The stage's two clocks: the seconds of each part (`time_<part>_s`) and each optimizer step's."""
 
-    held_out(phase): metrics for "before" or "after" training, named as recorded (`suffixed` helps);
-        every rank calls it, since a sharded model's forward is a collective.
-    curves: (log key, name) pairs whose first and last logged values become `train_<name>_first/last`.
-    save(folder): writes the output on every rank; default `trainer.save_model`.
-    model: what the backend verifies and whose trainable parameters must move; default `trainer.model`.
-    sample_prompts: held-out prompts whose greedy completions are recorded before and after training.
-    sampler: the model that completes them; default `trainer.model` (none for a reward model: it scores).
-    run_metrics(): figures of the training run itself, read after it (PPO's time split).
-    counts: what `max_length` did to the rows (`Preamble.counts`), recorded as they were counted.
-    """
+    phases: PhaseClock
+    steps: StepClock
 
-    trainer: Any
-    tokenizer: Any
-    output: str  # "adapter" or "model": the folder the next stage reads
-    held_out: Callable[[str], dict[str, float]] = no_measure
-    curves: tuple[tuple[str, str], ...] = (("loss", "loss"),)
-    save: Callable[[Path], None] | None = None
-    model: Any = None
-    sample_prompts: list[Any] = field(default_factory=list)
-    sampler: Any = None
-    run_metrics: Callable[[], dict[str, float]] = dict
-    counts: dict[str, float] = field(default_factory=dict)
+    def lap(self, part: str) -> None:
+        self.phases.lap(part)
 
 
-def train_stage(ctx: StageContext, training: Training) -> StageResult:
-    """Verify the backend, measure held out and sample it, train, measure and sample again, save output (in
-    its export dtype) and tokenizer, and record the curves, the step time, the share of trainable parameters
-    that moved and whether a reference copy was loaded."""
-    trainer = training.trainer
-    model = training.model if training.model is not None else trainer.model
-    sampler = training.sampler if training.sampler is not None else trainer.model
-    prompts = training.sample_prompts
-    clock, steps = PhaseClock(ctx.started), StepClock()
-    clock.lap("prepare")  # data, tokenizer, model and trainer, since the rank took up the stage
-    trainer.add_callback(steps)
+def start_clocks(ctx: StageContext, trainer: Any) -> Clocks:
+    """The trainer is built: `time_prepare_s` (data, tokenizer, model and trainer, since the rank took up
+    the stage) ends here, and each optimizer step is timed from now on."""
+    clocks = Clocks(PhaseClock(ctx.started), StepClock())
+    clocks.lap("prepare")
+    trainer.add_callback(clocks.steps)
+    return clocks
+
+
+def ready(ctx: StageContext, model: Any, sampler: Any) -> None:
+    """Hold the trained parameters in the plan's dtype, let the backend verify `model`, and put `sampler`
+    on the training device: ZeRO-2 moves the model only in train(), and what is measured before training
+    runs where the rest does."""
     hold_trainable(model, DTYPES[ctx.plan.trainable_dtype])
     ctx.backend.verify(model, ctx.plan)
-    # ZeRO-2 moves the model only in train(): what is measured before training runs where the rest does
     on_training_device(ctx, sampler)
-    metrics = dict(training.held_out("before"))
-    clock.lap("measure_before")
-    completions_before = greedy_completions(sampler, training.tokenizer, prompts)
-    clock.lap("samples_before")
-    before = trainable_checksums(model)
+
+
+def sampled(clocks: Clocks, phase: str, sampler: Any, tokenizer: Any, prompts: list[Any]) -> list[str]:
+    """Greedy completions of the held-out prompts, `before` or `after` training (`time_samples_<phase>_s`)."""
+    completions = greedy_completions(sampler, tokenizer, prompts)
+    clocks.lap(f"samples_{phase}")
+    return completions
+
+
+def train(ctx: StageContext, trainer: Any, clocks: Clocks) -> None:
+    """TRL's train loop, resumed from the checkpoint the driver chose (or the `trl:` block's)."""
     resume = str(ctx.resume_from) if ctx.resume_from else trainer.args.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=resume)
-    clock.lap("train")
-    metrics.update(training.held_out("after"))
-    clock.lap("measure_after")
-    completions_after = greedy_completions(sampler, training.tokenizer, prompts)
-    clock.lap("samples_after")
-    metrics["trainable_changed"] = changed_share(model, before)
-    # proof of the placement: 1 when the trainer holds a separate frozen reference model
+    clocks.lap("train")
+
+
+def trained(trainer: Any, model: Any, checksums: dict[str, torch.Tensor], clocks: Clocks) -> dict[str, float]:
+    """What the run itself says: the share of trainable parameters that moved (every rank), whether the
+    trainer held a separate frozen reference (proof of the placement), and the step times."""
+    metrics = {"trainable_changed": changed_share(model, checksums)}
     metrics["reference_copy_loaded"] = float(getattr(trainer, "ref_model", None) is not None)
-    metrics.update(step_seconds(trainer))
-    metrics.update(steps.steady())
-    metrics.update(training.run_metrics())
-    metrics.update(training.counts)
-    folder = ctx.output_dir / training.output
-    if training.save is not None:
-        training.save(folder)
-    else:
-        trainer.save_model(str(folder))  # every rank: a sharded model gathers collectively
-    if ctx.is_main:
-        publish(ctx, folder, training.output)
-        training.tokenizer.save_pretrained(str(folder))
-        history = write_log_history(trainer, ctx.output_dir)
-        for key, name in training.curves:
-            metrics.update(curve_ends(history, key, name))
-    clock.lap("save")
-    metrics.update(clock.seconds)
-    samples = paired(prompts, completions_before, completions_after)
+    return {**metrics, **step_seconds(trainer), **clocks.steps.steady()}
+
+
+def save_output(ctx: StageContext, trainer: Any, output: str) -> Path:
+    """`trainer.save_model` on every rank (a sharded model gathers collectively) into the output folder."""
+    folder = ctx.output_dir / output
+    trainer.save_model(str(folder))
+    return folder
+
+
+def published(
+    ctx: StageContext, trainer: Any, tokenizer: Any, output: str, curves: tuple[tuple[str, str], ...]
+) -> dict[str, float]:
+    """On rank 0: the output published (in its export dtype) with its tokenizer, the log history written,
+    and the first and last values of each `(log key, name)` curve."""
+    if not ctx.is_main:
+        return {}
+    folder = ctx.output_dir / output
+    publish(ctx, folder, output)
+    tokenizer.save_pretrained(str(folder))
+    history = write_log_history(trainer, ctx.output_dir)
+    return {name: value for key, curve in curves for name, value in curve_ends(history, key, curve).items()}
+
+
+def finished(
+    clocks: Clocks,
+    metrics: dict[str, float],
+    trainer: Any,
+    output: str,
+    samples: tuple[list[Any], list[str], list[str]],
+) -> StageResult:
+    """The stage's result, once saved (`time_save_s`): its metrics with every part's seconds, and the
+    held-out prompts with their completions before and after."""
+    clocks.lap("save")
+    metrics = {**metrics, **clocks.phases.seconds}
     steps = trainer.state.global_step
-    return StageResult(output=training.output, metrics=metrics, steps=steps, samples=samples)
+    return StageResult(output=output, metrics=metrics, steps=steps, samples=paired(*samples))
 
 
 @dataclass
