@@ -54,7 +54,7 @@ def policy_input(ctx: StageContext, beta: float) -> Iterator[StageContext]:
     """Where the policy loads from. With a KL term and full parameters, TRL re-loads the reference from
     the policy's folder, so earlier adapters are merged into one first; otherwise they merge in memory,
     and a saved adapter names a base that outlives this stage."""
-    if beta == 0 or ctx.plan.stage.lora is not None or not ctx.model_input.adapters:
+    if beta == 0 or ctx.plan.lora is not None or not ctx.model_input.adapters:
         yield ctx
         return
     with merged_input(ctx) as folder:

@@ -60,7 +60,7 @@ def run(ctx: StageContext) -> StageResult:
     if data.evaluation is not None:
         data.evaluation = prompted(data.evaluation, f"{where}.data.eval")
         if not is_paired(data.evaluation):
-            both_labels(data.evaluation, f"{where}.data.{'eval' if ctx.plan.stage.data.eval else 'train'}")
+            both_labels(data.evaluation, f"{where}.data.{'eval' if ctx.plan.data.eval else 'train'}")
     train_rows = unpaired(data.train)
     counts = data.mixture | count_rows(ctx, train_rows, tokenizer, config)
     reference = frozen_reference(ctx)  # None: TRL disables the adapters, or precomputes

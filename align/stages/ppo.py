@@ -43,7 +43,7 @@ CURVES = (("reward", "reward"), ("objective/kl", "kl"))
 
 def policy_model(ctx: StageContext) -> Any:
     """The input model, with the stage's LoRA adapter (and the critic's, for `value: adapter`)."""
-    lora = ctx.plan.stage.lora
+    lora = ctx.plan.lora
     model = load_policy(ctx)
     if lora is None:
         return model

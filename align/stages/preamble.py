@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from align.config.spec import TrainingStage
 from align.pipeline.trl_args import config_class, field_types
 from align.stages.context import (
     StageContext,
@@ -79,7 +80,7 @@ def count_rows(ctx: StageContext, train: Any, tokenizer: Any, config: Any) -> di
 
 def load_policy(ctx: StageContext) -> Any:
     """The policy from `ctx`'s input, loaded as the backend asks (4-bit for QLoRA)."""
-    lora = ctx.plan.stage.lora
+    lora = ctx.plan.lora
     return load_stage_model(ctx, quantize_4bit=bool(lora and lora.load_in_4bit))
 
 
@@ -101,13 +102,14 @@ def trainer_arguments(
 
 def output_folder(ctx: StageContext) -> str:
     """The folder the stage publishes: `adapter` with LoRA, else `model`."""
-    return "adapter" if ctx.plan.stage.lora else "model"
+    return "adapter" if ctx.plan.lora else "model"
 
 
 def held_out_prompts(ctx: StageContext, data: StageData) -> list[Any]:
     """The held-out prompts greedily sampled before and after (training rows when none are held out)."""
     rows = data.evaluation if data.evaluation is not None else data.train
-    return sample_prompts(rows, ctx.plan.stage.samples)
+    stage = ctx.plan.stage
+    return sample_prompts(rows, stage.samples if isinstance(stage, TrainingStage) else 0)
 
 
 LARGE_DATA_ROWS = 10_000
@@ -123,6 +125,6 @@ def data_processes(ctx: StageContext, rows: int) -> dict[str, int]:
 
     cpus = torch.get_num_threads()
     settable = "dataset_num_proc" in field_types(config_class(ctx.plan.kind))  # not GRPO's, nor align's PPO
-    if rows < LARGE_DATA_ROWS or not settable or "dataset_num_proc" in ctx.plan.stage.trl:
+    if rows < LARGE_DATA_ROWS or not settable or "dataset_num_proc" in ctx.plan.trl:
         return {}
     return {"dataset_num_proc": max(2, cpus)}

@@ -78,7 +78,7 @@ def run(ctx: StageContext) -> StageResult:
     """Score held-out pairs, train, score them again, and save `model/` with its tokenizer."""
     from trl import RewardTrainer
 
-    lora = ctx.plan.stage.lora
+    lora = ctx.plan.lora
     data = load_data(ctx)
     tokenizer = stage_tokenizer(ctx)
     config = trl_config(ctx, data, tokenizer)

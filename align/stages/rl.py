@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from align.config.spec import RewardedStage
 from align.errors import ModelError
 from align.models.loading import load_pretrained, load_tokenizer
 from align.planning.placement import REWARD_MODELS_SHARDED
@@ -105,7 +106,7 @@ def stage_rewards(ctx: StageContext, remote: dict[int, Callable[..., list[float]
     rank, or in an actor of its own, called through `remote[index]` (align/stages/services.py)."""
     placed = ctx.plan.placement.reward_models == REWARD_MODELS_SHARDED
     sources, tokenizers, names = [], [], []
-    for index, spec in enumerate(ctx.plan.stage.rewards):
+    for index, spec in enumerate(ctx.plan.rewards):
         where = f"stages.{ctx.plan.name}.rewards[{index}]"
         if spec.function is not None:
             sources.append(guarded_function(spec.function, spec.args, where))
@@ -122,7 +123,7 @@ def stage_rewards(ctx: StageContext, remote: dict[int, Callable[..., list[float]
             tokenizers.append(tokenizer)
             name = "model"
         names.append(name if name not in names else f"{name}_{index}")
-    return Rewards(sources, tokenizers, names, [reward.weight for reward in ctx.plan.stage.rewards])
+    return Rewards(sources, tokenizers, names, [reward.weight for reward in ctx.plan.rewards])
 
 
 @torch.no_grad()
@@ -217,5 +218,6 @@ def signal_watch(
 ) -> SignalWatch:
     """The stage's watch for a run with nothing to learn from (align/stages/signal.py), as `no_signal:` sets
     it; `latest()` gives the latest batch of completions and their rewards."""
-    limit = config.max_completion_length
-    return SignalWatch(ctx.plan.stage.no_signal, ctx.output_dir / "logs", latest, tokenizer, limit, unit)
+    limit, stage = config.max_completion_length, ctx.plan.stage
+    settings = stage.no_signal if isinstance(stage, RewardedStage) else None
+    return SignalWatch(settings, ctx.output_dir / "logs", latest, tokenizer, limit, unit)
