@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from align.records.stage import Metrics
 from align.records.versioned import Record, read, write
 
 RESULT = ".result.json"
@@ -18,7 +19,7 @@ class StageResult(Record):
     results), its final metrics, and greedy completions of held-out prompts before and after."""
 
     output: str
-    metrics: dict[str, float] = {}
+    metrics: Metrics = {}
     steps: int | None = None  # the optimizer step training ended at (a resumed run counts from its start)
     samples: list[dict[str, Any]] = []
 

@@ -12,6 +12,10 @@ from align.records.versioned import Record
 
 STAGE_RECORD = "align-stage.json"
 
+Metrics = dict[str, float | str]
+"""A stage's figures by name, and the few lines it said for the record (`no_signal`: an RL stage whose
+rewards never varied)."""
+
 Status = Literal["running", "succeeded", "failed", "interrupted"]
 
 
@@ -86,7 +90,7 @@ class StageRecord(Record):
     status: Status = "running"
     ended: float | None = None
     error: str | None = None
-    metrics: dict[str, float] = {}
+    metrics: Metrics = {}
     samples: list[dict[str, Any]] = []
     ranks: list[RankPlace] = []
     output: Output | None = None
