@@ -50,5 +50,7 @@ def add_status(commands) -> None:
 def add_logs(commands) -> None:
     logs = commands.add_parser("logs", help="a submitted job's logs")
     logs.add_argument("job_id", help="the id `align submit` printed")
-    logs.add_argument("--address", default=dashboard(), help="the cluster's dashboard (default: $RAY_ADDRESS)")
+    logs.add_argument(
+        "--address", default=dashboard(), help="the cluster's dashboard (default: $RAY_ADDRESS)"
+    )
     logs.set_defaults(handler=cmd_logs)
