@@ -367,6 +367,24 @@ def test_ray_packaging_logs_under_the_quieted_name() -> None:
     assert importlib.import_module(PACKAGING_LOGGER).default_logger.name == PACKAGING_LOGGER
 
 
+def test_ray_asha_driven_without_a_tuner_stops_the_trial_that_lags() -> None:
+    """ASHA judges stand-in trials (an id, no controller): at its first rung, of two trials the one whose
+    loss is worse is stopped, the better one goes on."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    from align.compat.ray import asha_add, asha_remove, asha_says_stop
+
+    asha = ASHAScheduler(
+        time_attr="step", metric="loss", mode="min", grace_period=2, reduction_factor=2, max_t=8
+    )
+    for trial in ("good", "bad"):
+        asha_add(asha, trial)
+    assert not asha_says_stop(asha, "good", {"step": 2, "loss": 0.1})
+    assert asha_says_stop(asha, "bad", {"step": 2, "loss": 0.9})
+    assert not asha_says_stop(asha, "good", {"step": 3, "loss": 0.05})
+    asha_remove(asha, "bad")
+
+
 PREPARE_READS = {
     "SFTTrainer": {"_tokenizer", "_is_vision_dataset", "chat_template", "completion_only_loss"},
     "DPOTrainer": {"_tokenizer", "_is_vision_dataset"},

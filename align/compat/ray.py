@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from align.compat.versions import check_version
@@ -56,3 +57,26 @@ def print_driver_lines_with(write: Callable[[dict[str, Any], bool], None]) -> No
     import ray._private.worker as ray_worker
 
     ray_worker.print_to_stdstream = write
+
+
+@dataclass(frozen=True)
+class TrialStandIn:
+    """A variant as ASHA knows it when driven without a Tuner: in ray 2.60 ASHA reads nothing of a trial but
+    its `trial_id`, and nothing of the controller it is handed (None here)."""
+
+    trial_id: str
+
+
+def asha_add(asha: Any, trial_id: str) -> None:
+    asha.on_trial_add(None, TrialStandIn(trial_id))
+
+
+def asha_says_stop(asha: Any, trial_id: str, result: dict[str, Any]) -> bool:
+    """Whether ASHA stops the trial at this result (its `time_attr` and metric among the keys)."""
+    from ray.tune.schedulers import TrialScheduler
+
+    return asha.on_trial_result(None, TrialStandIn(trial_id), result) == TrialScheduler.STOP
+
+
+def asha_remove(asha: Any, trial_id: str) -> None:
+    asha.on_trial_remove(None, TrialStandIn(trial_id))

@@ -89,7 +89,7 @@ def variants_at_once(sweep: Sweep, stage: StagePlan, embedded: bool) -> int:
 
 def max_steps(stage: StagePlan) -> int:
     """The swept stage's `max_steps` (ASHA's last rung), or no limit."""
-    steps = getattr(stage.stage, "trl", {}).get("max_steps", -1)
+    steps = stage.trl.get("max_steps", -1)
     return steps if isinstance(steps, int) and steps > 0 else 10**9
 
 

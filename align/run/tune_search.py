@@ -4,8 +4,8 @@ logged step of a variant's swept stage, a variant's end) and answers with values
 schedule runs the variants' stages (align/run/sweep.py).
 
 Tune's searchers and ASHA are driven here through their own methods (`suggest`, `on_trial_complete`,
-`on_trial_result`), without a Tuner: written for ray 2.60, where ASHA reads nothing of a trial but its
-`trial_id` (tests/test_sweep.py checks a stop, so a Ray that reads more fails there)."""
+`on_trial_result`), without a Tuner; ASHA is handed a stand-in for each trial (align/compat/ray.py, whose
+contract test fails on a Ray whose ASHA reads more of a trial)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from align.compat.ray import asha_add, asha_remove, asha_says_stop
 from align.config.sweep import EarlyStop
 from align.pipeline.sweep import Sweep
 from align.records import Progress
@@ -153,13 +154,6 @@ def draws(sweep: Sweep, seed: int, earlier: list[dict[str, Any]]) -> Draws:
     return Listed(random_draws(sweep, seed, earlier))
 
 
-@dataclass(frozen=True)
-class Trial:
-    """A variant as ASHA knows it: by an id."""
-
-    trial_id: str
-
-
 class EarlyStopper:
     """ASHA (Tune's AsyncHyperBandScheduler) over the variants' logged steps: at `grace_steps` and each
     `reduction_factor` times as many, a variant whose value is not in the best 1/`reduction_factor` of
@@ -181,16 +175,14 @@ class EarlyStopper:
 
     def judge(self, event: Logged) -> Stop | None:
         """ASHA's word on one logged step: a Stop, or None to go on."""
-        from ray.tune.schedulers import TrialScheduler
-
         value = event.values.get(self.early.metric)
         if not isinstance(value, int | float):
             return None
         if event.stage not in self.watched:
-            self.asha.on_trial_add(None, Trial(event.stage))
+            asha_add(self.asha, event.stage)
             self.watched.add(event.stage)
         result = {"step": event.step, self.early.metric: value}
-        if self.asha.on_trial_result(None, Trial(event.stage), result) != TrialScheduler.STOP:
+        if not asha_says_stop(self.asha, event.stage, result):
             return None
         shown = f"{self.early.metric} {value:.4g}"
         reason = f"stopped early by ASHA at step {event.step} ({shown}, {self.early.mode} is better)"
@@ -199,5 +191,5 @@ class EarlyStopper:
     def forget(self, stage: str) -> None:
         """A variant's stage ended: ASHA keeps its values at the rungs it reached, and nothing else."""
         if stage in self.watched:
-            self.asha.on_trial_remove(None, Trial(stage))
+            asha_remove(self.asha, stage)
             self.watched.discard(stage)
