@@ -188,7 +188,7 @@ def peft_config(plan: StagePlan, tokenizer: Any = None, model: Any = None):
     template and the stage's `tokenizer`, the embedding rows of the template's special tokens train too, where
     the plan says they do (align/planning/lora.py): in the input embeddings, and in `model`'s LM head too
     when it is untied."""
-    lora = plan.stage.lora
+    lora = plan.lora
     if lora is None:
         return None
     from peft import LoraConfig
@@ -258,7 +258,7 @@ def stage_config(ctx: StageContext, overrides: dict[str, Any] | None = None) -> 
     trainer arguments. Secrets leave the config (it is pickled into every checkpoint as training_args.bin)."""
     config = build_config(
         ctx.plan.kind,
-        {**CHECKPOINT_DEFAULTS, **REPORT_DEFAULTS, **ctx.plan.stage.trl, **(overrides or {})},
+        {**CHECKPOINT_DEFAULTS, **REPORT_DEFAULTS, **ctx.plan.trl, **(overrides or {})},
         output_dir=str(ctx.output_dir / CHECKPOINTS),
         precision=ctx.plan.precision,
         seed=ctx.plan.seed,
