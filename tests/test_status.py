@@ -151,6 +151,7 @@ def test_progress_keeps_one_live_line_per_running_stage_below_the_run_lines() ->
         format_progress("right", Progress(**entry, step=2)),
     ]
     progress.event("[left] done in 1.0s -> runs/x/left")
+    progress.ended("left")  # the controller says so, typed: nobody reads it from the line
     assert screen(terminal.getvalue()) == [
         "[left] done in 1.0s -> runs/x/left",
         format_progress("right", Progress(**entry, step=2)),

@@ -36,6 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "verbose": args.verbose,
         "on_event": progress.event,
         "on_progress": progress.update,
+        "on_end": progress.ended,
         "command": " ".join(["align", *sys.argv[1:]]),
     }
     try:

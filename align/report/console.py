@@ -283,16 +283,21 @@ class ProgressLine:
             self.stream.flush()
 
     def event(self, line: str) -> None:
-        """A line from the run (a stage starting, ending, retrying), above the progress lines; a stage that
-        ends takes its progress line with it."""
+        """A line from the run (a stage starting, ending, retrying), above the progress lines."""
         with self.lock:
             self.erase()
             self.stream.write(line + "\n")
-            stage = line[1 : line.index("]")] if line.startswith("[") and "]" in line else None
-            if stage in self.lines and (" done in " in line or " failed: " in line):
-                del self.lines[stage]
             self.draw()
             self.stream.flush()
+
+    def ended(self, stage: str) -> None:
+        """A stage ended (done, failed, stopped early): its progress line goes with it."""
+        with self.lock:
+            if stage in self.lines:
+                self.erase()
+                del self.lines[stage]
+                self.draw()
+                self.stream.flush()
 
     def end(self) -> None:
         """Leave the last progress lines on screen, and what follows below them."""

@@ -217,6 +217,7 @@ def run_plan(
     verbose: bool = False,
     on_event: Event = lambda _: None,
     on_progress: OnProgress = lambda *_: None,
+    on_end: Callable[[str], None] = lambda _: None,
     launch: Launcher | None = None,
     command: str = "align run",
     steer: Steer | None = None,
@@ -227,7 +228,7 @@ def run_plan(
 
     The pipeline's output folder is held for the whole run (a second run is refused) and checked
     writable first. `launch` runs a stage; by default on the run's warm Ray workers (`ray_launch`). `steer`
-    adds and stops stages as the run goes (a sweep's variants)."""
+    adds and stops stages as the run goes (a sweep's variants). `on_end(stage)`: a stage ended, however."""
     wanted, forced = selected_stages(plan, list(only), [*force, *restart])
     root = plan.pipeline.defaults.output_root
     pipeline_folder = records.pipeline_dir(root, plan.pipeline.name)
@@ -240,7 +241,7 @@ def run_plan(
         if lock.stopped:
             on_event(f"stopped {len(lock.stopped)} process(es) left running by a run that was killed")
         todo = steer.first(plan) if steer is not None else [n for n in plan.order if n in wanted]
-        schedule = Schedule(plan, todo, forced, set(restart), on_event, steer=steer)
+        schedule = Schedule(plan, todo, forced, set(restart), on_event, on_end, steer=steer)
         return schedule.run(launch or ray, ray if launch is None else None)
 
 
@@ -258,6 +259,7 @@ class Schedule:
     forced: set[str]
     restart: set[str]
     on_event: Event
+    on_end: Callable[[str], None] = lambda _: None
     steer: Steer | None = None
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     failures: dict[str, BaseException] = field(default_factory=dict)
@@ -360,6 +362,7 @@ class Schedule:
     def collect(self, finished: set[Future]) -> None:
         for future in finished:
             name = self.running.pop(future)
+            self.on_end(name)
             try:
                 self.outcomes[name] = future.result()
             except (Exception, Interrupted) as err:  # noqa: BLE001 - the stage's own end; the others go on

@@ -40,6 +40,7 @@ def run_sweep(
     verbose: bool,
     on_event: Event,
     on_progress: OnProgress,
+    on_end: Callable[[str], None] = lambda _: None,
     command: str,
 ) -> list[Outcome]:
     """Run the sweep of `plan` (its pipeline has one) as one run: shared stages, the variants as Tune draws
@@ -56,6 +57,7 @@ def run_sweep(
             verbose=verbose,
             on_event=on_event,
             on_progress=variants.progress(on_progress),
+            on_end=on_end,
             command=command,
             steer=variants,
         )
