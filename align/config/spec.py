@@ -227,7 +227,17 @@ class MergeStage(StageBase):
 
     kind: Literal["merge"]
     check_prompts: list[str] = ["What is the capital of France?", "Tell me a joke.", "Hello, who are you?"]
-    tolerance: Annotated[float, Field(gt=0)] = 1e-4
+    tolerance: Annotated[float, Field(gt=0)] = 1e-3
+    """The largest logit difference allowed between the merged model and the adapter model, relative to the
+    largest logit (per prompt). Summing in another order moves SmolLM2-135M's logits by about 3e-6 of it; a
+    dropped or mis-scaled adapter by 1e-2. Above it the stage fails and publishes nothing."""
+    max_kl: Annotated[float, Field(gt=0)] = 1e-5
+    """The largest KL divergence allowed, at any position of the check prompts, from the adapter model's
+    next-token distribution to the merged model's (a right merge of SmolLM2-135M gives about 1e-10, a dropped
+    adapter 1e-3)."""
+    min_greedy_agreement: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """The share of the check prompts' positions at which the merged model must pick the adapter model's
+    greedy next token (below 1 so that float noise may flip a near tie)."""
 
 
 class EvalStage(StageBase):
