@@ -63,7 +63,28 @@ def submit(
 
 
 def status(address: str, job_id: str) -> str:
-    return str(client(address).get_job_status(job_id))
+    """The job's state; a failed job's is followed by the line that says why."""
+    from ray.job_submission import JobStatus
+
+    jobs = client(address)
+    state = jobs.get_job_status(job_id)
+    if state != JobStatus.FAILED:
+        return str(state)
+    why = last_error_line(jobs.get_job_logs(job_id), jobs.get_job_info(job_id).message)
+    return f"{state}\n{why}\n(`align logs {job_id}` prints the whole log)"
+
+
+def last_error_line(log: str, ray_message: str | None) -> str:
+    """Why a job failed: the last `error: ...` line align printed (its CLI ends every failure so), else the
+    log's last line (a traceback's exception), else Ray's message (a job that failed before it started)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    if errors:
+        return errors[-1]
+    if lines:
+        return lines[-1]
+    message = (ray_message or "").strip()
+    return message.splitlines()[0] if message else "the job left no log and Ray gave no reason"
 
 
 def logs(address: str, job_id: str) -> str:
