@@ -2,8 +2,9 @@
 driver, Ctrl-C, a second run, a torn checkpoint, a full disk, and secrets that must not reach the disk.
 
 Every run trains the same 2-rank fp32 SFT, so each interrupted run's loss curve must equal the
-uninterrupted one. The runs are shared through module fixtures; `make test` runs the worker-kill,
-driver-kill (with relative paths, from another folder) and secrets cases, `make test-faults` the rest.
+uninterrupted one. The runs are shared through module fixtures; all are `faults`, run by `make
+test-faults` (the worker-kill, driver-kill and secrets cases share one 2-rank baseline run: together
+about 2.5 minutes, which kept `make test` over its 10).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def baseline(data: Path) -> dict:
     }
 
 
+@pytest.mark.faults
 def test_a_killed_worker_is_replaced_and_training_continues_from_the_checkpoint(data, baseline):
     path = write(data / "workerkill", "workerkill", data="../data/sft.jsonl", output_root="runs")
     proc = start(path, cwd=data)
@@ -152,6 +154,7 @@ def test_a_killed_worker_is_replaced_and_training_continues_from_the_checkpoint(
     assert losses(path, "sft") == pytest.approx(baseline["losses"], rel=1e-4), record["attempts"]
 
 
+@pytest.mark.faults
 def test_a_killed_driver_is_resumed_by_the_next_run_from_another_folder(data, baseline, tmp_path):
     """Relative paths (data, output root) mean the pipeline file's folder, wherever `align` runs from."""
     path = write(data / "pipelines", "driverkill", data="../data/sft.jsonl", output_root="../runs")
@@ -182,6 +185,7 @@ def test_a_killed_driver_is_resumed_by_the_next_run_from_another_folder(data, ba
     assert losses(path, "sft") == pytest.approx(baseline["losses"], rel=1e-4)
 
 
+@pytest.mark.faults
 def test_no_secret_reaches_any_file_the_run_writes_or_its_console(baseline):
     assert SECRET not in baseline["output"] and ENV_SECRET not in baseline["output"]
     written = [p for p in baseline["root"].rglob("*") if p.is_file()]

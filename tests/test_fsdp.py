@@ -255,7 +255,7 @@ def test_prepare_applies_reshard_prefetch_precision_and_checkpointing(tmp_path):
 def run_a(tmp_path_factory) -> Path:
     """Run A: 8 uninterrupted steps (constant learning rate, fp32, fixed seed)."""
     folder = tmp_path_factory.mktemp("fsdp-sft")
-    path = fsdp_pipeline(folder, "fsdp-sft", {"a": stage("sft", steps=8, trl=CONSTANT_LR)})
+    path = fsdp_pipeline(folder, "fsdp-sft", {"a": stage("sft", steps=8, trl=CONSTANT_LR, samples=4)})
     run(path)
     return path
 
