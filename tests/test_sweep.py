@@ -195,7 +195,8 @@ def test_a_grid_runs_its_shared_stage_once_and_variants_side_by_side_then_skips_
 @pytest.mark.slow
 def test_asha_stops_a_lagging_variant_of_a_random_search(tmp_path) -> None:
     """Four learning rates drawn one at a time; the ones that barely move the loss lag at a rung and stop."""
-    stages = {"dpo": stage("dpo", steps=8, lora={"r": 4}, trl={"logging_steps": 1})}
+    # with its held-out samples, a variant outlives its last logged step long enough for ASHA to judge it
+    stages = {"dpo": stage("dpo", steps=8, lora={"r": 4}, trl={"logging_steps": 1}, samples=4)}
     search = {
         "parameters": {"stages.dpo.trl.learning_rate": {"loguniform": [1.0e-7, 1.0e-2]}},
         "method": "random",
